@@ -1,0 +1,164 @@
+"""
+### image_tfrecords: labelled image folders -> validated TFRecord datasets in S3
+
+Every night (02:00 UTC), on a manual trigger, or in a backfill, this DAG builds one dataset
+version from a source of images (a local folder or an `s3://` prefix; one folder per class, or a
+`labels.csv` in the source root) and publishes it atomically:
+
+1. **discover** lists the source (image files by extension; others are skipped and counted);
+2. **inspect_images** hashes, identifies and fully decodes every image (bad ones become rejects);
+3. **split** resolves duplicates and assigns each image to a split from a salted hash of its
+   content, then writes `labels.csv` and `rejects.csv`;
+4. **plan** decides the shards of each split (from `shard_size_mb`) and their members;
+5. **write_shards** writes the shards, one mapped task each (named after its shard);
+6. **validate** re-reads every shard (CRCs, schema, counts, checksums, no image in two splits);
+7. **publish** copies the build to `DEST/DATASET/VERSION/`, then writes `_SUCCESS`, then
+   moves `latest.json` forward.
+
+All intermediate files live under `DEST/DATASET/_staging/VERSION/` in the store, never on a
+worker's disk. The **version** is the run's logical date as `YYYYMMDDTHHMMSSZ` (UTC), or the
+run id when a run has no logical date, unless the `version` param names one. Reruns of a run
+write the same bytes. S3 access uses the Airflow connection `aws_default`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+AWS_CONN_ID = "aws_default"
+DEFAULT_SOURCE = os.environ.get("IMAGE_TFRECORDS_SOURCE", "/opt/airflow/data/sample")
+DEFAULT_DESTINATION = os.environ.get("IMAGE_TFRECORDS_DESTINATION", "s3://datasets/image-tfrecords")
+DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", "images")
+
+PARAMS = {
+    "source": Param(DEFAULT_SOURCE, type="string", minLength=1, title="Source",
+                    description="Local folder or s3://bucket/prefix holding one folder per class "
+                                "(or a labels.csv with columns filename,label)."),
+    "destination": Param(DEFAULT_DESTINATION, type="string", minLength=1, title="Destination",
+                         description="Local folder or s3://bucket/prefix; the dataset is published "
+                                     "under DESTINATION/DATASET/VERSION/."),
+    "dataset": Param(DEFAULT_DATASET, type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                     title="Dataset name", description="Folder name of the dataset under the destination."),
+    "splits": Param({"train": 0.8, "validation": 0.1, "test": 0.1}, type="object", title="Splits",
+                    description="Split name -> fraction of images; fractions must sum to 1. "
+                                "Changing them reassigns images."),
+    "salt": Param("", type="string", title="Split salt",
+                  description="Seeds the split assignment; keep it fixed so images never move."),
+    "shard_size_mb": Param(100, type="number", exclusiveMinimum=0, maximum=4096, title="Shard size (MB)",
+                           description="Target size of each TFRecord shard, in MB (10^6 bytes)."),
+    "compression": Param("none", type="string", enum=["none", "gzip"], title="Compression",
+                         description="none writes .tfrecord files; gzip writes .tfrecord.gz."),
+    "version": Param(None, type=["null", "string"], title="Version (optional)",
+                     description="Override the version name; empty means the run's logical date."),
+}
+
+
+def run_version(context: Any) -> str:
+    """The version this run builds: ``version`` param, else logical date, else run id."""
+    override = context["params"].get("version")
+    if override:
+        return override
+    logical_date = context.get("logical_date")
+    if logical_date is not None:
+        return logical_date.in_timezone("UTC").strftime("%Y%m%dT%H%M%SZ")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", context["run_id"]).strip("-.") or "run"
+
+
+def _s3_client() -> Any:
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    return S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
+
+
+def _run(stage: str, **kwargs: Any) -> Any:
+    """Call ``stages.<stage>_stage`` (or ``stages.<stage>``) with this run's config and storage.
+
+    Errors retrying cannot fix (bad params, bad input, missing bucket, wrong credentials) fail the
+    task at once instead of burning retries.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+    from include.image_tfrecords import stages
+    from include.image_tfrecords.config import BuildConfig, ConfigError
+    from include.image_tfrecords.storage import Storage, StorageError
+
+    context = get_current_context()
+    params = context["params"]
+    try:
+        cfg = BuildConfig(source=params["source"], destination=params["destination"], dataset=params["dataset"],
+                          version=run_version(context), splits=params["splits"], salt=params["salt"],
+                          shard_size_mb=params["shard_size_mb"], compression=params["compression"])
+        function = getattr(stages, f"{stage}_stage", None) or getattr(stages, stage)
+        return function(cfg, Storage(_s3_client), **kwargs)
+    except (ConfigError, stages.BuildError, StorageError) as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+@dag(
+    dag_id="image_tfrecords",
+    schedule="0 2 * * *",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=4,
+    params=PARAMS,
+    tags=["tfrecords", "images", "ml-datasets"],
+    doc_md=__doc__,
+    default_args={
+        "retries": 3,
+        "retry_delay": timedelta(seconds=30),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+        "execution_timeout": timedelta(hours=2),
+    },
+)
+def image_tfrecords() -> None:
+    @task
+    def discover() -> dict[str, Any]:
+        """List the source into the staging area."""
+        return _run("discover")
+
+    @task
+    def inspect_images(found: dict[str, Any]) -> dict[str, Any]:
+        """Hash and fully decode every candidate image."""
+        return _run("inspect")
+
+    @task
+    def split(inspected: dict[str, Any]) -> dict[str, Any]:
+        """Resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
+        return _run("split")
+
+    @task
+    def plan(labels: dict[str, Any]) -> list[int]:
+        """Plan the shards; returns one index per write task (small: at most max_map_length)."""
+        return list(range(_run("plan")["num_tasks"]))
+
+    @task(map_index_template="{{ shard_label }}", max_active_tis_per_dagrun=8)
+    def write_shards(task_index: int) -> dict[str, Any]:
+        """Write this task's shard(s) of the plan to staging."""
+        receipts = _run("write_task", task_index=task_index)
+        files = [r["file"] for r in receipts]
+        get_current_context()["shard_label"] = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}"
+        return {"shards": len(files), "num_records": sum(r["num_records"] for r in receipts),
+                "num_bytes": sum(r["num_bytes"] for r in receipts)}
+
+    @task
+    def validate(written: Any) -> dict[str, Any]:
+        """Re-read every staged shard and stage dataset_info.json."""
+        return _run("validate")
+
+    @task(execution_timeout=timedelta(hours=1))
+    def publish(validated: dict[str, Any]) -> dict[str, Any]:
+        """Publish atomically: files, then _SUCCESS, then latest.json."""
+        return _run("publish")
+
+    shard_tasks = plan(split(inspect_images(discover())))
+    publish(validate(write_shards.expand(task_index=shard_tasks)))
+
+
+image_tfrecords()

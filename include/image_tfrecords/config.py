@@ -1,0 +1,99 @@
+"""Build settings shared by the command line and the DAG, validated before any work starts."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .storage import is_s3, join
+from .tfrecord import COMPRESSIONS
+
+DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ConfigError(ValueError):
+    """Invalid settings: the message says what to change."""
+
+
+def parse_splits(text: str) -> dict[str, float]:
+    """``"train=0.8,validation=0.1,test=0.1"`` -> ``{"train": 0.8, ...}`` (order kept)."""
+    splits: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ConfigError(f"split {part!r} is not NAME=FRACTION")
+        try:
+            splits[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"split {name.strip()!r} has a fraction that is not a number: {value!r}") from None
+    return splits
+
+
+def check_splits(splits: Any) -> dict[str, float]:
+    """Validate split fractions: names are simple words, fractions in (0, 1], summing to 1."""
+    if not isinstance(splits, dict) or not splits:
+        raise ConfigError("splits must be a non-empty object like {\"train\": 0.8, \"test\": 0.2}")
+    out: dict[str, float] = {}
+    for name, fraction in splits.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(f"split name {name!r} must be letters, digits, '.', '_' or '-'")
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+            raise ConfigError(f"split {name!r} fraction must be a number in (0, 1], not {fraction!r}")
+        out[name] = float(fraction)
+    if not math.isclose(sum(out.values()), 1.0, abs_tol=1e-6):
+        raise ConfigError(f"split fractions must sum to 1, not {sum(out.values()):g}")
+    return out
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that decides what one build produces, and where."""
+
+    source: str
+    destination: str
+    dataset: str
+    version: str
+    splits: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SPLITS))
+    salt: str = ""
+    shard_size_mb: float = 100.0
+    compression: str = "none"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", check_splits(self.splits))
+        for what in ("source", "destination"):
+            value = getattr(self, what)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{what} is required (a local folder or s3://bucket/prefix)")
+            if is_s3(value) and not value[len("s3://") :].split("/")[0]:
+                raise ConfigError(f"{what} {value!r} has no bucket name")
+        for what in ("dataset", "version"):
+            value = getattr(self, what)
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise ConfigError(f"{what} {value!r} must start with a letter or digit and use only "
+                                  "letters, digits, '.', '_' or '-'")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {self.compression!r}")
+        if isinstance(self.shard_size_mb, bool) or not isinstance(self.shard_size_mb, int | float) \
+                or not 0 < self.shard_size_mb <= 4096:
+            raise ConfigError(f"shard_size_mb must be a number in (0, 4096], not {self.shard_size_mb!r}")
+
+    @property
+    def dataset_uri(self) -> str:
+        """``DEST/DATASET``: where versions and ``latest.json`` live."""
+        return join(self.destination, self.dataset)
+
+    @property
+    def version_uri(self) -> str:
+        """``DEST/DATASET/VERSION``: the published version."""
+        return join(self.dataset_uri, self.version)
+
+    @property
+    def staging_uri(self) -> str:
+        """Where a build's intermediate files live until publish (never a published version)."""
+        return join(self.dataset_uri, "_staging", self.version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

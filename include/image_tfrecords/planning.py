@@ -1,0 +1,56 @@
+"""Shard planning: how many shards per split, which records go where, in which order.
+
+Per split, the shard count is ``ceil(total image bytes / shard size)`` (at most one shard per
+record). Records are ordered by a salted hash of their content (a deterministic shuffle: classes
+are interleaved and the order never depends on listing order) and dealt round-robin, so shards
+are balanced in count and never empty. Shards are grouped into at most ``max_tasks`` write tasks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .splitting import unit_hash
+from .tfrecord import suffix
+
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    split: str
+    index: int
+    count: int
+    compression: str
+
+    @property
+    def file(self) -> str:
+        """``{split}-{index:05d}-of-{count:05d}.tfrecord[.gz]``."""
+        return f"{self.split}-{self.index:05d}-of-{self.count:05d}{suffix(self.compression)}"
+
+
+def shard_count(total_bytes: int, num_records: int, shard_size_mb: float) -> int:
+    """Shards needed so each holds about ``shard_size_mb`` MB (1 MB = 10^6 bytes)."""
+    if num_records == 0:
+        return 0
+    return max(1, min(num_records, math.ceil(total_bytes / (shard_size_mb * MB))))
+
+
+def order_key(salt: str, sha256: str) -> float:
+    """Position of a record in its split's shuffled order."""
+    return unit_hash("order", salt, sha256)
+
+
+def deal(keys: Iterable[tuple[float, int]], num_shards: int) -> dict[int, int]:
+    """Map row number -> shard index by dealing rows, sorted by key, round-robin."""
+    return {row: rank % num_shards for rank, (_, row) in enumerate(sorted(keys))}
+
+
+def group_tasks(shard_files: list[str], max_tasks: int) -> list[list[str]]:
+    """Split shard names into at most ``max_tasks`` contiguous groups of near-equal size."""
+    if not shard_files:
+        return []
+    per_task = math.ceil(len(shard_files) / max_tasks)
+    return [shard_files[i : i + per_task] for i in range(0, len(shard_files), per_task)]

@@ -1,0 +1,401 @@
+"""The pipeline's stages, shared by the DAG (one task each) and the command line.
+
+Every stage reads its inputs from, and writes its outputs to, the build's staging prefix
+(``DEST/DATASET/_staging/VERSION/``) and returns a small dict (counts, URIs): nothing of
+unbounded size passes between stages except through the store, so tasks can run on any worker.
+Each stage is idempotent: run again on the same inputs, it writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import planning
+from .config import BuildConfig
+from .csvio import RowWriter, read_json, read_rows, write_json
+from .discovery import DiscoveryCounts, discover
+from .example import decode_example, encode_example
+from .manifest import FEATURES, LABELS_FIELDS, REJECTS_FIELDS, example_features, feature_spec
+from .parallel import ordered_map
+from .probe import RejectedImage, inspect_image
+from .splitting import DuplicateResolver, assign_split
+from .storage import Storage, StorageError, is_s3, join, sha256_file
+from .tfrecord import CorruptRecordError, TFRecordWriter, read_records
+
+Progress = Callable[[int], None]
+MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+
+# Staging layout (relative to BuildConfig.staging_uri).
+DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
+INSPECTED, INSPECT_REJECTS = "inspected.csv", "rejects-inspect.csv"
+LABELS, REJECTS, SPLIT_SUMMARY = "labels.csv", "rejects.csv", "split.json"
+PLAN, MANIFEST, SUCCESS, LATEST = "plan.json", "dataset_info.json", "_SUCCESS", "latest.json"
+INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes")
+
+
+class BuildError(RuntimeError):
+    """The build cannot go on with this input (no images, a failed check, a changed source)."""
+
+
+def _staged(cfg: BuildConfig, *parts: str) -> str:
+    return join(cfg.staging_uri, *parts)
+
+
+def _no_progress(_: int) -> None:
+    pass
+
+
+# -- 1. discover ---------------------------------------------------------------------------------
+def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """List the source: candidate images to inspect, rejects, and skipped non-image files."""
+    counts = DiscoveryCounts()
+    with RowWriter(storage, _staged(cfg, DISCOVERED), ("filename", "label", "num_bytes")) as found, \
+            RowWriter(storage, _staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects:
+        for candidate in discover(storage, cfg.source, counts):
+            if candidate.reason:
+                rejects.write(vars(candidate))
+            else:
+                found.write(vars(candidate))
+    summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
+               "candidates": found.count, "rejected": rejects.count}
+    write_json(storage, _staged(cfg, DISCOVER_SUMMARY), summary)
+    if not found.count:
+        raise BuildError(f"no labelled images found under {cfg.source} ({counts.listed} files listed, "
+                         f"{rejects.count} rejected): expected one folder per class or a labels.csv")
+    return summary
+
+
+# -- 2. inspect (the label CSV's facts) -----------------------------------------------------------
+def _inspect_one(storage: Storage, source: str, row: dict[str, str]) -> dict[str, Any]:
+    try:
+        data = storage.read_bytes(join(source, row["filename"]))
+    except FileNotFoundError:
+        return {"filename": row["filename"], "reason": "unreadable", "detail": "file disappeared"}
+    try:
+        facts = inspect_image(data)
+    except RejectedImage as exc:
+        return {"filename": row["filename"], "reason": exc.reason, "detail": exc.detail}
+    return {"filename": row["filename"], "label": row["label"], **vars(facts)}
+
+
+def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4,
+                  progress: Progress = _no_progress) -> dict[str, Any]:
+    """Hash, identify and fully decode every candidate; ``workers`` threads (decoders release the GIL)."""
+    with read_rows(storage, _staged(cfg, DISCOVERED)) as rows, \
+            RowWriter(storage, _staged(cfg, INSPECTED), INSPECTED_FIELDS) as good, \
+            RowWriter(storage, _staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects:
+        for result in ordered_map(lambda r: _inspect_one(storage, cfg.source, r), rows, workers):
+            (rejects if "reason" in result else good).write(result)
+            progress(1)
+    return {"inspected": good.count, "rejected": rejects.count}
+
+
+# -- 3. split ---------------------------------------------------------------------------------------
+def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Resolve duplicates, assign class ids and splits; write labels.csv and rejects.csv."""
+    inspected = _staged(cfg, INSPECTED)
+    with read_rows(storage, inspected) as rows:
+        resolver = DuplicateResolver((r["filename"], r["label"], r["sha256"]) for r in rows)
+    classes = sorted(resolver.kept_labels())
+    class_ids = {name: i for i, name in enumerate(classes)}
+    per_split: dict[str, Counter[str]] = {name: Counter() for name in cfg.splits}
+    reasons: Counter[str] = Counter()
+    with RowWriter(storage, _staged(cfg, LABELS), LABELS_FIELDS) as labels, \
+            RowWriter(storage, _staged(cfg, REJECTS), REJECTS_FIELDS) as rejects:
+        for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
+            with read_rows(storage, _staged(cfg, earlier)) as rows:
+                for row in rows:
+                    rejects.write(row)
+                    reasons[row["reason"]] += 1
+        with read_rows(storage, inspected) as rows:
+            for row in rows:
+                verdict = resolver.verdict(row["filename"], row["sha256"])
+                if verdict:
+                    rejects.write({"filename": row["filename"], "reason": verdict[0], "detail": verdict[1]})
+                    reasons[verdict[0]] += 1
+                    continue
+                split = assign_split(row["sha256"], cfg.salt, cfg.splits)
+                labels.write({**row, "label_id": class_ids[row["label"]], "split": split})
+                per_split[split]["records"] += 1
+                per_split[split]["bytes"] += int(row["num_bytes"])
+    skipped = read_json(storage, _staged(cfg, DISCOVER_SUMMARY))["skipped"]
+    summary = {"classes": classes, "num_records": labels.count, "num_rejected": rejects.count,
+               "num_skipped": skipped, "rejects_by_reason": dict(sorted(reasons.items())),
+               "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
+                          for name, c in per_split.items()}}
+    write_json(storage, _staged(cfg, SPLIT_SUMMARY), summary)
+    if not labels.count:
+        raise BuildError(f"no valid images to publish: all {rejects.count} files were rejected "
+                         f"({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))})")
+    return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
+        "num_classes": len(classes)}
+
+
+# -- 4. plan ----------------------------------------------------------------------------------------
+def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENGTH) -> dict[str, Any]:
+    """Decide the shards of each split and their members; returns the number of write tasks."""
+    summary = read_json(storage, _staged(cfg, SPLIT_SUMMARY))
+    keys: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    with read_rows(storage, _staged(cfg, LABELS)) as rows:
+        for number, row in enumerate(rows):
+            keys[row["split"]].append((planning.order_key(cfg.salt, row["sha256"]), number))
+    specs: dict[str, list[planning.ShardSpec]] = {}
+    placement: dict[int, tuple[str, int]] = {}  # row number -> (shard file, rank)
+    for split, info in summary["splits"].items():
+        count = planning.shard_count(info["num_bytes"], info["num_records"], cfg.shard_size_mb)
+        specs[split] = [planning.ShardSpec(split, i, count, cfg.compression) for i in range(count)]
+        for rank, (_, number) in enumerate(sorted(keys.pop(split, []))):
+            placement[number] = (specs[split][rank % count].file, rank)
+    with tempfile.TemporaryDirectory() as tmp:
+        _write_members(cfg, storage, placement, tmp)
+    shard_files = [spec.file for split in specs.values() for spec in split]
+    tasks = planning.group_tasks(shard_files, max_tasks)
+    plan = {"compression": cfg.compression, "shard_size_mb": cfg.shard_size_mb, "tasks": tasks,
+            "splits": {split: [spec.file for spec in s] for split, s in specs.items()}}
+    write_json(storage, _staged(cfg, PLAN), plan)
+    return {"num_shards": len(shard_files), "num_tasks": len(tasks)}
+
+
+def _write_members(cfg: BuildConfig, storage: Storage, placement: dict[int, tuple[str, int]],
+                   tmp: str) -> None:
+    """Write each shard's member rows (labels.csv rows, in record order) to ``members/``."""
+    buffers: dict[str, list[str]] = defaultdict(list)
+
+    def flush() -> None:
+        for shard, lines in buffers.items():
+            with open(os.path.join(tmp, shard), "a", encoding="utf-8") as f:
+                f.writelines(lines)
+        buffers.clear()
+
+    with read_rows(storage, _staged(cfg, LABELS)) as rows:
+        for number, row in enumerate(rows):
+            shard, rank = placement[number]
+            buffers[shard].append(json.dumps([rank, row]) + "\n")
+            if number % 50_000 == 49_999:
+                flush()
+    flush()
+    for shard in sorted(os.listdir(tmp)):
+        with open(os.path.join(tmp, shard), encoding="utf-8") as f:
+            members = sorted(json.loads(line) for line in f)
+        with RowWriter(storage, _staged(cfg, "members", shard + ".csv"), LABELS_FIELDS) as out:
+            for _, row in members:
+                out.write(row)
+
+
+# -- 5. write shards --------------------------------------------------------------------------------
+def task_shards(cfg: BuildConfig, storage: Storage, task_index: int) -> list[str]:
+    """The shard files that write task ``task_index`` produces."""
+    return read_json(storage, _staged(cfg, PLAN))["tasks"][task_index]
+
+
+def write_task(cfg: BuildConfig, storage: Storage, task_index: int, progress: Progress = _no_progress,
+               read_workers: int = 4) -> list[dict[str, Any]]:
+    """Write every shard of one write task; returns their receipts."""
+    return [write_shard(cfg, storage, shard, progress, read_workers)
+            for shard in task_shards(cfg, storage, task_index)]
+
+
+def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = _no_progress,
+                read_workers: int = 4) -> dict[str, Any]:
+    """Write one shard from its member list and stage it whole; skip if already staged identically."""
+    members_uri = _staged(cfg, "members", shard + ".csv")
+    receipt_uri = _staged(cfg, "receipts", shard + ".json")
+    members_sha = hashlib.sha256(storage.read_bytes(members_uri)).hexdigest()
+    if storage.exists(receipt_uri):
+        receipt = read_json(storage, receipt_uri)
+        if receipt.get("members_sha256") == members_sha and \
+                storage.sha256_of(_staged(cfg, "shards", shard)) == receipt["sha256"]:
+            progress(receipt["num_records"])
+            return receipt
+
+    def fetch(row: dict[str, str]) -> tuple[dict[str, str], bytes]:
+        return row, storage.read_bytes(join(cfg.source, row["filename"]))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, shard)
+        with read_rows(storage, members_uri) as rows, open(path, "wb") as raw, \
+                TFRecordWriter(raw, cfg.compression) as writer:
+            for row, data in ordered_map(fetch, rows, read_workers):
+                if hashlib.sha256(data).hexdigest() != row["sha256"]:
+                    raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
+                writer.write(encode_example(example_features(row, data)))
+                progress(1)
+        receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": os.path.getsize(path),
+                   "sha256": sha256_file(path), "members_sha256": members_sha}
+        storage.upload(path, _staged(cfg, "shards", shard), receipt["sha256"])
+    write_json(storage, receipt_uri, receipt)
+    return receipt
+
+
+# -- 6. validate ------------------------------------------------------------------------------------
+def _set_digest(names: Iterator[str]) -> str:
+    """An order-independent digest of a multiset of names (sum of their hashes mod 2^128)."""
+    total = 0
+    for name in names:
+        total = (total + int.from_bytes(hashlib.sha256(name.encode()).digest()[:16], "big")) % 2**128
+    return f"{total:032x}"
+
+
+def validate_shard(cfg: BuildConfig, storage: Storage, shard: str,
+                   progress: Progress = _no_progress) -> dict[str, Any]:
+    """Re-read a staged shard: CRCs, every record parses with the schema, and matches its plan."""
+    uri = _staged(cfg, "shards", shard)
+    with read_rows(storage, _staged(cfg, "members", shard + ".csv")) as rows:
+        members = list(rows)  # one shard's rows: bounded by the shard size
+    with tempfile.TemporaryDirectory() as tmp:
+        path = uri
+        if is_s3(uri):
+            path = os.path.join(tmp, shard)
+            try:
+                storage.download(uri, path)
+            except Exception as exc:
+                if storage.exists(uri):
+                    raise
+                raise BuildError(f"shard {shard} is missing from staging") from exc
+        elif not os.path.isfile(path):
+            raise BuildError(f"shard {shard} is missing from staging")
+        sha, num_bytes = sha256_file(path), os.path.getsize(path)
+        count = 0
+        with open(path, "rb") as raw:
+            try:
+                for count, record in enumerate(read_records(raw, cfg.compression), start=1):
+                    if count > len(members):
+                        raise BuildError(f"shard {shard} holds more records than the {len(members)} planned")
+                    _check_record(shard, count - 1, record, members[count - 1])
+                    progress(1)
+            except CorruptRecordError as exc:
+                raise BuildError(f"shard {shard} is corrupt: {exc}") from exc
+    if count != len(members):
+        raise BuildError(f"shard {shard} holds {count} records, the plan says {len(members)}")
+    receipt = read_json(storage, _staged(cfg, "receipts", shard + ".json"))
+    if receipt["sha256"] != sha:
+        raise BuildError(f"shard {shard} changed after it was written (sha256 {sha} != {receipt['sha256']})")
+    return {"file": shard, "num_records": count, "num_bytes": num_bytes, "sha256": sha,
+            "names": _set_digest(m["filename"] for m in members)}
+
+
+def _check_record(shard: str, index: int, record: bytes, member: dict[str, str]) -> None:
+    where = f"shard {shard} record {index}"
+    try:
+        example = decode_example(record)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise BuildError(f"{where} does not parse as a tf.train.Example: {exc}") from exc
+    if set(example) != set(FEATURES):
+        raise BuildError(f"{where} has keys {sorted(example)}, expected {sorted(FEATURES)}")
+    expected = example_features(member, b"")
+    for key, dtype in FEATURES.items():
+        values = example[key]
+        kind = bytes if dtype == "string" else int
+        if len(values) != 1 or not isinstance(values[0], kind):
+            raise BuildError(f"{where}: {key} is not one {dtype}")
+        if key != "image/encoded" and values[0] != expected[key]:
+            raise BuildError(f"{where}: {key} is {values[0]!r}, the plan says {expected[key]!r}")
+    if hashlib.sha256(example["image/encoded"][0]).hexdigest() != member["sha256"]:  # type: ignore[arg-type]
+        raise BuildError(f"{where}: image bytes do not match image/sha256")
+
+
+def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, Any]] | None = None,
+                   progress: Progress = _no_progress) -> dict[str, Any]:
+    """Check every staged shard against the plan and labels.csv, then stage dataset_info.json.
+
+    ``results`` are ``validate_shard`` outputs computed elsewhere (in parallel); missing ones are
+    computed here.
+    """
+    plan = read_json(storage, _staged(cfg, PLAN))
+    summary = read_json(storage, _staged(cfg, SPLIT_SUMMARY))
+    by_file = {r["file"]: r for r in results or []}
+    split_of: dict[str, str] = {}
+    names: dict[str, list[str]] = defaultdict(list)
+    with read_rows(storage, _staged(cfg, LABELS)) as rows:
+        for row in rows:
+            if split_of.setdefault(row["sha256"], row["split"]) != row["split"]:
+                raise BuildError(f"identical image content in splits {split_of[row['sha256']]} and "
+                                 f"{row['split']} ({row['filename']})")
+            names[row["split"]].append(row["filename"])
+    splits: dict[str, Any] = {}
+    for split, shard_files in plan["splits"].items():
+        shards = [by_file.get(f) or validate_shard(cfg, storage, f, progress) for f in shard_files]
+        total = sum(s["num_records"] for s in shards)
+        expected = summary["splits"][split]["num_records"]
+        if total != expected or total != len(names[split]):
+            raise BuildError(f"split {split} holds {total} records, labels.csv says {expected}")
+        digest = (sum(int(s["names"], 16) for s in shards) % 2**128) if shards else 0
+        if f"{digest:032x}" != _set_digest(iter(names.pop(split, []))):
+            raise BuildError(f"split {split}: the records in its shards are not the ones labels.csv lists")
+        splits[split] = {"num_records": total, "shards": [
+            {key: s[key] for key in ("file", "num_records", "num_bytes", "sha256")} for s in shards]}
+    manifest = {
+        "dataset": cfg.dataset, "version": cfg.version, "num_records": summary["num_records"],
+        "num_rejected": summary["num_rejected"], "num_skipped": summary["num_skipped"],
+        "rejects_by_reason": summary["rejects_by_reason"], "classes": summary["classes"],
+        "compression": cfg.compression, "features": feature_spec(), "splits": splits,
+        "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
+                                         "shard_size_mb": cfg.shard_size_mb},
+    }
+    write_json(storage, _staged(cfg, MANIFEST), manifest)
+    return {"num_records": manifest["num_records"], "num_shards": sum(len(s["shards"]) for s in splits.values())}
+
+
+# -- 7. publish -------------------------------------------------------------------------------------
+def version_key(version: str) -> list[Any]:
+    """Natural sort key: ``v2 < v10``; timestamps sort chronologically."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", version)]
+
+
+def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Copy the validated build to ``DEST/DATASET/VERSION/``, then ``_SUCCESS``, then ``latest.json``."""
+    final = cfg.version_uri
+    staged_manifest = _staged(cfg, MANIFEST)
+    if storage.exists(join(final, SUCCESS)):
+        if not storage.exists(staged_manifest):  # already published and cleaned up: a rerun
+            manifest = read_json(storage, join(final, MANIFEST))
+            return _finish(cfg, storage, manifest, already=True)
+        if storage.read_bytes(join(final, MANIFEST)) != storage.read_bytes(staged_manifest):
+            raise BuildError(f"version {cfg.version} is already published at {final} with different "
+                             "content; published versions are immutable, so pick another version")
+        return _finish(cfg, storage, read_json(storage, staged_manifest), already=True)
+    manifest = read_json(storage, staged_manifest)
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            target = join(final, shard["file"])
+            storage.copy(_staged(cfg, "shards", shard["file"]), target)
+            held = storage.sha256_of(target)
+            if held is not None and held != shard["sha256"]:
+                raise BuildError(f"published {target} has sha256 {held}, expected {shard['sha256']}")
+    for name in (LABELS, REJECTS, MANIFEST):
+        storage.copy(_staged(cfg, name), join(final, name))
+    manifest_sha = hashlib.sha256(storage.read_bytes(join(final, MANIFEST))).hexdigest()
+    storage.write_bytes(join(final, SUCCESS), (manifest_sha + "\n").encode())
+    return _finish(cfg, storage, manifest, already=False)
+
+
+def _finish(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any], already: bool) -> dict[str, Any]:
+    latest = update_latest(storage, cfg.dataset_uri, cfg.version)
+    storage.delete_tree(cfg.staging_uri)
+    if not is_s3(cfg.staging_uri):  # drop the local _staging/ folder once no build uses it
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(cfg.staging_uri))
+    return {"uri": cfg.version_uri, "version": cfg.version, "num_records": manifest["num_records"],
+            "num_rejected": manifest["num_rejected"], "latest": latest, "already_published": already,
+            "splits": {name: s["num_records"] for name, s in manifest["splits"].items()}}
+
+
+def update_latest(storage: Storage, dataset_uri: str, version: str, attempts: int = 20) -> str:
+    """Point ``latest.json`` at ``version`` unless it already names a newer one; returns its version."""
+    uri = join(dataset_uri, LATEST)
+    for _ in range(attempts):
+        data, tag = storage.read_with_tag(uri)
+        current = json.loads(data)["version"] if data else None
+        if current is not None and version_key(current) >= version_key(version):
+            return current
+        if storage.write_if_unchanged(uri, (json.dumps({"version": version}) + "\n").encode(), tag):
+            return version
+    raise StorageError(f"{uri} kept changing while it was being updated")

@@ -1,0 +1,327 @@
+"""One storage interface for local folders and ``s3://bucket/prefix`` URIs.
+
+Every write is atomic: local files go to a temporary name and are renamed; S3 objects are
+single PUTs that carry a SHA-256 the server verifies (a mismatch is rejected, never stored).
+S3 clients come from a factory so callers decide where credentials come from: the Airflow
+connection inside Airflow, boto3's standard environment on the command line.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, BinaryIO
+
+ClientFactory = Callable[[], Any]
+_CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+class StorageError(RuntimeError):
+    """A storage operation that failed for a reason retrying will not fix (a user error)."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file or object found by a listing; ``key`` is relative to the listed URI."""
+
+    key: str
+    size: int
+    modified: datetime
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def join(uri: str, *parts: str) -> str:
+    """Join URI parts with ``/`` (for S3 and local paths alike)."""
+    out = uri.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}" if part else out
+    return out
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise StorageError(f"no bucket in {uri!r}")
+    return bucket, key
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def default_s3_client() -> Any:
+    """A boto3 S3 client from the standard environment (``AWS_*`` variables, config files).
+
+    With ``AWS_ENDPOINT_URL`` set (MinIO, SeaweedFS) path-style addressing is used, which every
+    S3-compatible server supports; ``AWS_S3_ADDRESSING_STYLE`` overrides it.
+    """
+    import boto3
+    from botocore.config import Config
+
+    style = os.environ.get("AWS_S3_ADDRESSING_STYLE") or (
+        "path" if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") else "auto"
+    )
+    config = Config(
+        s3={"addressing_style": style},
+        retries={"mode": "standard", "max_attempts": 5},
+        connect_timeout=10,
+        read_timeout=60,
+    )
+    return boto3.client("s3", config=config, region_name=os.environ.get("AWS_REGION", "us-east-1"))
+
+
+def _describe_client_error(exc: Exception, uri: str, client: Any) -> str | None:
+    """One line for errors that retrying cannot fix (credentials, missing bucket), else None."""
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+    endpoint = getattr(getattr(client, "meta", None), "endpoint_url", "?")
+    bucket = split_s3(uri)[0] if is_s3(uri) else "?"
+    if code in ("NoSuchBucket",):
+        return f"bucket {bucket!r} does not exist at {endpoint}"
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken"):
+        return f"access denied to bucket {bucket!r} at {endpoint} ({code}): check the credentials"
+    return None
+
+
+class Storage:
+    """Read, list and write files under local paths or ``s3://`` URIs."""
+
+    def __init__(self, s3_client_factory: ClientFactory | None = None) -> None:
+        self._factory = s3_client_factory or default_s3_client
+        self._client: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:  # clients do not pickle; each process makes its own
+        return {"_factory": self._factory, "_client": None}
+
+    @property
+    def s3(self) -> Any:
+        if self._client is None:
+            self._client = self._factory()
+        return self._client
+
+    def _s3_call(self, uri: str, method: str, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        try:
+            return getattr(self.s3, method)(**kwargs)
+        except ClientError as exc:
+            message = _describe_client_error(exc, uri, self.s3)
+            if message:
+                raise StorageError(message) from exc
+            raise
+
+    # -- listing -------------------------------------------------------------------------
+    def iter_files(self, uri: str) -> Iterator[FileInfo]:
+        """Every file below ``uri`` (recursively), keys relative to it, in sorted order.
+
+        Local symlinks are not followed: a link can point outside the tree.
+        """
+        if is_s3(uri):
+            bucket, prefix = split_s3(uri)
+            prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+            paginator = self.s3.get_paginator("list_objects_v2")
+            try:
+                for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                    for obj in page.get("Contents", []):
+                        if not obj["Key"].endswith("/"):
+                            yield FileInfo(obj["Key"][len(prefix) :], obj["Size"], obj["LastModified"])
+            except Exception as exc:
+                message = _describe_client_error(exc, uri, self.s3)
+                if message:
+                    raise StorageError(message) from exc
+                raise
+            return
+        if not os.path.isdir(uri):
+            raise StorageError(f"{uri} is not a folder")
+        yield from self._walk_local(uri, "")
+
+    def _walk_local(self, root: str, rel: str) -> Iterator[FileInfo]:
+        entries = sorted(os.scandir(os.path.join(root, rel) if rel else root), key=lambda e: e.name)
+        for entry in entries:
+            key = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_symlink():
+                continue
+            if entry.is_dir():
+                yield from self._walk_local(root, key)
+            elif entry.is_file():
+                st = entry.stat()
+                yield FileInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+
+    # -- reading -------------------------------------------------------------------------
+    def exists(self, uri: str) -> bool:
+        if not is_s3(uri):
+            return os.path.isfile(uri)
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            self.s3.head_object(Bucket=bucket, Key=key)
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            message = _describe_client_error(exc, uri, self.s3)
+            if message:
+                raise StorageError(message) from exc
+            raise
+
+    def read_bytes(self, uri: str) -> bytes:
+        if not is_s3(uri):
+            with open(uri, "rb") as f:
+                return f.read()
+        bucket, key = split_s3(uri)
+        return self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"].read()
+
+    def read_text(self, uri: str) -> str:
+        return self.read_bytes(uri).decode("utf-8")
+
+    def download(self, uri: str, path: str) -> None:
+        """Copy ``uri`` to the local file ``path`` (streamed)."""
+        if not is_s3(uri):
+            shutil.copyfile(uri, path)
+            return
+        bucket, key = split_s3(uri)
+        body = self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"]
+        with open(path, "wb") as f:
+            for chunk in body.iter_chunks(1 << 20):
+                f.write(chunk)
+
+    # -- writing -------------------------------------------------------------------------
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        """Write ``data`` to ``uri`` atomically; S3 verifies its SHA-256 on arrival."""
+        if is_s3(uri):
+            bucket, key = split_s3(uri)
+            checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
+            self._s3_call(uri, "put_object", Bucket=bucket, Key=key, Body=data, ChecksumSHA256=checksum)
+            return
+        self._atomic_local(uri, lambda f: f.write(data))
+
+    def upload(self, path: str, uri: str, sha256: str | None = None) -> None:
+        """Store the local file ``path`` at ``uri`` atomically, verified by its SHA-256."""
+        sha256 = sha256 or sha256_file(path)
+        if is_s3(uri):
+            bucket, key = split_s3(uri)
+            checksum = base64.b64encode(bytes.fromhex(sha256)).decode()
+            with open(path, "rb") as body:
+                self._s3_call(uri, "put_object", Bucket=bucket, Key=key, Body=body, ChecksumSHA256=checksum)
+            return
+        self._atomic_local(uri, lambda f: _copy_into(path, f))
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy one file within the same kind of storage (server-side on S3)."""
+        if is_s3(src) != is_s3(dst):
+            raise StorageError("copy between local and S3 storage is not supported")
+        if is_s3(src):
+            sbucket, skey = split_s3(src)
+            dbucket, dkey = split_s3(dst)
+            self._s3_call(dst, "copy_object", Bucket=dbucket, Key=dkey,
+                          CopySource={"Bucket": sbucket, "Key": skey}, ChecksumAlgorithm="SHA256")
+            return
+        self._atomic_local(dst, lambda f: _copy_into(src, f))
+
+    def sha256_of(self, uri: str) -> str | None:
+        """The SHA-256 the store holds for an S3 object, or that a local file hashes to."""
+        if not is_s3(uri):
+            return sha256_file(uri) if os.path.isfile(uri) else None
+        bucket, key = split_s3(uri)
+        head = self._s3_call(uri, "head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        checksum = head.get("ChecksumSHA256")
+        return base64.b64decode(checksum).hex() if checksum and "-" not in checksum else None
+
+    def delete_tree(self, uri: str) -> None:
+        """Delete everything below ``uri``."""
+        if not is_s3(uri):
+            shutil.rmtree(uri, ignore_errors=True)
+            return
+        bucket, _ = split_s3(uri)
+        batch: list[dict[str, str]] = []
+        for info in self.iter_files(uri):
+            batch.append({"Key": split_s3(join(uri, info.key))[1]})
+            if len(batch) == 1000:
+                self._s3_call(uri, "delete_objects", Bucket=bucket, Delete={"Objects": batch})
+                batch = []
+        if batch:
+            self._s3_call(uri, "delete_objects", Bucket=bucket, Delete={"Objects": batch})
+
+    def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
+        """Content and a version tag (ETag or mtime) for compare-and-swap; (None, None) if absent."""
+        if not is_s3(uri):
+            try:
+                with open(uri, "rb") as f:
+                    return f.read(), str(os.fstat(f.fileno()).st_mtime_ns)
+            except FileNotFoundError:
+                return None, None
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            obj = self.s3.get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None, None
+            raise
+        return obj["Body"].read(), obj["ETag"]
+
+    def write_if_unchanged(self, uri: str, data: bytes, tag: str | None) -> bool:
+        """Write only if ``uri`` still has version ``tag`` (None: only if absent); False if it moved."""
+        if is_s3(uri):
+            from botocore.exceptions import ClientError
+
+            bucket, key = split_s3(uri)
+            condition = {"IfMatch": tag} if tag else {"IfNoneMatch": "*"}
+            checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
+            try:
+                self.s3.put_object(Bucket=bucket, Key=key, Body=data, ChecksumSHA256=checksum, **condition)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES:
+                    return False
+                raise
+            return True
+        import fcntl
+
+        directory = os.path.dirname(uri) or "."
+        os.makedirs(directory, exist_ok=True)
+        lock = os.open(directory, os.O_RDONLY)  # lock the folder: no stray lock file to publish
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _, current = self.read_with_tag(uri)
+            if current != tag:
+                return False
+            self._atomic_local(uri, lambda f: f.write(data))
+            return True
+        finally:
+            os.close(lock)
+
+    @staticmethod
+    def _atomic_local(path: str, fill: Callable[[BinaryIO], object]) -> None:
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                fill(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def _copy_into(src: str, f: BinaryIO) -> None:
+    with open(src, "rb") as s:
+        shutil.copyfileobj(s, f, 1 << 20)
