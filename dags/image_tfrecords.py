@@ -29,7 +29,6 @@ from datetime import timedelta
 from typing import Any
 
 import pendulum
-
 from airflow.sdk import Param, dag, get_current_context, task
 
 AWS_CONN_ID = "aws_default"
@@ -84,6 +83,7 @@ def _run(stage: str, **kwargs: Any) -> Any:
     task at once instead of burning retries.
     """
     from airflow.sdk.exceptions import AirflowFailException
+
     from include.image_tfrecords import stages
     from include.image_tfrecords.config import BuildConfig, ConfigError
     from include.image_tfrecords.storage import Storage, StorageError

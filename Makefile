@@ -1,0 +1,31 @@
+# Quick start: `make demo`, `make test`. Everything runs from .venv, built from the exact pins.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint lock clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+demo: install
+	$(PY) tools/demo.py
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
+	$(PY) -m pytest
+
+lock:
+	$(PYTHON) tools/lock.py requirements.in requirements.txt
+	$(PYTHON) tools/lock.py requirements-dev.in requirements-dev.txt --base requirements.txt
+
+clean:
+	rm -rf .demo .pytest_cache .ruff_cache

@@ -1,0 +1,197 @@
+"""The command line end to end: local folders and S3, read back with TensorFlow."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from include.image_tfrecords.storage import Storage
+from tests.tf_reader import read_version
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "include.image_tfrecords", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def assert_matches_source(manifest: dict, splits: dict, source: Path) -> None:
+    """Every source image is one record, with its bytes, label, id, dimensions and split."""
+    sources = sorted(p.relative_to(source).as_posix() for p in source.rglob("*") if p.is_file())
+    seen = []
+    for split, records in splits.items():
+        assert len(records) == manifest["splits"][split]["num_records"]
+        for record in records:
+            filename = record["image/filename"].decode()
+            seen.append(filename)
+            data = (source / filename).read_bytes()
+            assert record["image/encoded"] == data
+            assert record["image/sha256"].decode() == hashlib.sha256(data).hexdigest()
+            label = filename.split("/")[0]
+            assert record["image/class/text"].decode() == label
+            assert record["image/class/label"] == manifest["classes"].index(label)
+            assert record["decoded_shape"] == (record["image/height"], record["image/width"],
+                                               record["image/channels"])
+            assert record["image/format"] == (b"png" if filename.endswith(".png") else b"jpeg")
+    assert sorted(seen) == sources
+    assert manifest["num_records"] == len(sources)
+
+
+def labels_by_file(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return {row["filename"]: row for row in csv.DictReader(f)}
+
+
+def test_build_local_reads_back_with_tensorflow(sample_dir: Path, tmp_path: Path) -> None:
+    result = run_cli("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "shapes",
+                     "--version", "v1", "--shard-size-mb", "0.05", "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert "published shapes version v1" in result.stdout
+    assert "images/s" in result.stdout
+
+    version = tmp_path / "shapes" / "v1"
+    manifest, splits = read_version(Storage(), str(version))
+    assert_matches_source(manifest, splits, sample_dir)
+    assert manifest["classes"] == ["circles", "squares", "triangles"]
+    assert set(splits) == {"train", "validation", "test"}
+    assert len(manifest["splits"]["train"]["shards"]) > 1, "a small shard size must give several shards"
+
+    labels = labels_by_file(version / "labels.csv")
+    for split, records in splits.items():
+        for record in records:
+            row = labels[record["image/filename"].decode()]
+            assert row["split"] == split
+            assert (int(row["width"]), int(row["height"])) == (record["image/width"], record["image/height"])
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            data = (version / shard["file"]).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == shard["sha256"]
+            assert len(data) == shard["num_bytes"]
+    assert (version / "_SUCCESS").exists()
+    assert json.loads((tmp_path / "shapes" / "latest.json").read_text()) == {"version": "v1"}
+    assert not (tmp_path / "shapes" / "_staging").exists()
+    assert (version / "rejects.csv").read_text() == "filename,reason,detail\n"
+
+
+def test_gzip_build_reads_back(sample_dir: Path, tmp_path: Path) -> None:
+    result = run_cli("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "shapes",
+                     "--version", "gz", "--compression", "gzip", "--shard-size-mb", "0.1", "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    files = sorted(p.name for p in (tmp_path / "shapes" / "gz").glob("*.tfrecord*"))
+    assert files and all(name.endswith(".tfrecord.gz") for name in files)
+    manifest, splits = read_version(Storage(), str(tmp_path / "shapes" / "gz"))
+    assert manifest["compression"] == "gzip"
+    assert_matches_source(manifest, splits, sample_dir)
+
+
+def test_rerun_gives_identical_shards(sample_dir: Path, tmp_path: Path) -> None:
+    shas = []
+    for version, workers in (("a", "1"), ("b", "2")):
+        result = run_cli("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "d",
+                         "--version", version, "--shard-size-mb", "0.05", "--salt", "s1", "--workers", workers)
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads((tmp_path / "d" / version / "dataset_info.json").read_text())
+        shas.append({s: [(x["file"], x["sha256"]) for x in i["shards"]] for s, i in manifest["splits"].items()})
+    assert shas[0] == shas[1]
+    assert (tmp_path / "d" / "a" / "labels.csv").read_bytes() == (tmp_path / "d" / "b" / "labels.csv").read_bytes()
+
+
+def test_salt_changes_the_split(sample_dir: Path, tmp_path: Path) -> None:
+    for salt in ("one", "two"):
+        assert run_cli("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", salt,
+                       "--version", "v", "--salt", salt).returncode == 0
+    one = {f: r["split"] for f, r in labels_by_file(tmp_path / "one" / "v" / "labels.csv").items()}
+    two = {f: r["split"] for f, r in labels_by_file(tmp_path / "two" / "v" / "labels.csv").items()}
+    assert one.keys() == two.keys() and one != two
+
+
+def test_build_from_s3_to_s3(sample_dir: Path, bucket: str, s3_env: dict[str, str], s3_storage: Storage) -> None:
+    for path in sample_dir.rglob("*"):
+        if path.is_file():
+            s3_storage.write_bytes(f"s3://{bucket}/raw/{path.relative_to(sample_dir).as_posix()}", path.read_bytes())
+    result = run_cli("build", "--source", f"s3://{bucket}/raw", "--destination", f"s3://{bucket}/out",
+                     "--dataset", "shapes", "--version", "v1", "--shard-size-mb", "0.05", "--workers", "2",
+                     env={**__import__("os").environ, **s3_env})
+    assert result.returncode == 0, result.stderr
+    manifest, splits = read_version(s3_storage, f"s3://{bucket}/out/shapes/v1")
+    assert_matches_source(manifest, splits, sample_dir)
+    assert s3_storage.exists(f"s3://{bucket}/out/shapes/v1/_SUCCESS")
+    assert json.loads(s3_storage.read_bytes(f"s3://{bucket}/out/shapes/latest.json")) == {"version": "v1"}
+    assert not list(s3_storage.iter_files(f"s3://{bucket}/out/shapes/_staging"))
+    for info in manifest["splits"].values():  # the store holds the SHA-256 it verified on upload
+        for shard in info["shards"]:
+            assert s3_storage.sha256_of(f"s3://{bucket}/out/shapes/v1/{shard['file']}") == shard["sha256"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--source", "/nonexistent/images"], 1, "is not a folder"),
+        (["--splits", "train=0.5,test=0.2"], 2, "must sum to 1"),
+        (["--compression", "zip"], 2, "invalid choice"),
+        (["--dataset", "../escape"], 2, "dataset"),
+        (["--shard-size-mb", "0"], 2, "shard_size_mb"),
+    ],
+)
+def test_user_errors_are_one_line(sample_dir: Path, tmp_path: Path, args: list[str], code: int,
+                                  message: str) -> None:
+    base = {"--source": str(sample_dir), "--destination": str(tmp_path), "--dataset": "d", "--version": "v"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    result = run_cli("build", *[x for pair in base.items() for x in pair])
+    assert result.returncode == code
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "d" / "v" / "_SUCCESS").exists()
+
+
+def test_empty_source_fails_clearly(tmp_path: Path) -> None:
+    (tmp_path / "src" / "cats").mkdir(parents=True)
+    (tmp_path / "src" / "notes.txt").write_text("not an image")
+    result = run_cli("build", "--source", str(tmp_path / "src"), "--destination", str(tmp_path / "out"),
+                     "--dataset", "d", "--version", "v")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "no labelled images found" in result.stderr
+    assert not (tmp_path / "out" / "d" / "v").exists()
+
+
+def test_wrong_credentials_name_endpoint_and_bucket_not_secret(sample_dir: Path, bucket: str,
+                                                                s3_env: dict[str, str]) -> None:
+    import os
+
+    secret = "definitely-wrong-secret-value"
+    env = {**os.environ, **s3_env, "AWS_SECRET_ACCESS_KEY": secret}
+    result = run_cli("build", "--source", str(sample_dir), "--destination", f"s3://{bucket}/out", "--dataset", "d",
+                     "--version", "v", env=env)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert bucket in result.stderr and s3_env["AWS_ENDPOINT_URL"] in result.stderr
+    assert secret not in result.stderr + result.stdout
+
+
+def test_missing_bucket_is_one_clear_line(sample_dir: Path, s3_env: dict[str, str]) -> None:
+    import os
+
+    result = run_cli("build", "--source", str(sample_dir), "--destination", "s3://no-such-bucket-here/out",
+                     "--dataset", "d", "--version", "v", env={**os.environ, **s3_env})
+    assert result.returncode == 1
+    assert "bucket 'no-such-bucket-here' does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sample_command_is_deterministic(tmp_path: Path) -> None:
+    for out in ("a", "b"):
+        assert run_cli("sample", str(tmp_path / out), "--per-class", "3").returncode == 0
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert len(files_a) == 9
+    for rel in files_a:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
+    shutil.rmtree(tmp_path / "b")

@@ -1,0 +1,107 @@
+"""DAG integrity: it imports cleanly, is light to parse, and is configured as documented."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+INSPECT = r"""
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dag_ids": sorted(bag.dag_ids)}
+dag = bag.dags.get("image_tfrecords")
+if dag is not None:
+    out["tasks"] = {t.task_id: {
+        "upstream": sorted(t.upstream_task_ids), "retries": t.retries,
+        "retry_delay": t.retry_delay.total_seconds(), "timeout": t.execution_timeout.total_seconds(),
+        "backoff": t.retry_exponential_backoff, "mapped": any(c.__name__ == "MappedOperator" for c in type(t).__mro__),
+        "map_index_template": getattr(t, "map_index_template", None),
+        "max_active_tis_per_dagrun": t.max_active_tis_per_dagrun} for t in dag.tasks}
+    out["schedule"] = dag.timetable.expression
+    out["catchup"] = dag.catchup
+    out["tags"] = sorted(dag.tags)
+    out["start_date"] = dag.start_date.isoformat()
+    out["doc_md"] = bool(dag.doc_md and "latest.json" in dag.doc_md)
+    out["params"] = {k: {"value": dag.params[k], "schema": dag.params.get_param(k).schema,
+                         "description": dag.params.get_param(k).description} for k in dag.params.keys()}
+    dag.params.validate()
+print("RESULT" + json.dumps(out, default=str))
+"""
+
+
+@pytest.fixture(scope="module")
+def dag_info(airflow_env: dict[str, str]) -> dict:
+    result = subprocess.run([sys.executable, "-c", INSPECT, str(ROOT / "dags")], env=airflow_env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.split("RESULT", 1)[1])
+
+
+def test_dag_imports_without_errors(dag_info: dict) -> None:
+    assert dag_info["errors"] == {}
+    assert "image_tfrecords" in dag_info["dag_ids"]
+
+
+def test_task_graph(dag_info: dict) -> None:
+    tasks = dag_info["tasks"]
+    assert {k: v["upstream"] for k, v in tasks.items()} == {
+        "discover": [], "inspect_images": ["discover"], "split": ["inspect_images"], "plan": ["split"],
+        "write_shards": ["plan"], "validate": ["write_shards"], "publish": ["validate"]}
+    writer = tasks["write_shards"]
+    assert writer["mapped"] is True
+    assert writer["map_index_template"] == "{{ shard_label }}"
+    assert writer["max_active_tis_per_dagrun"] >= 2
+
+
+def test_retries_timeouts_and_schedule(dag_info: dict) -> None:
+    for task in dag_info["tasks"].values():
+        assert task["retries"] >= 2 and task["retry_delay"] > 0 and task["backoff"]
+        assert 0 < task["timeout"] <= 3 * 3600
+    assert dag_info["schedule"] == "0 2 * * *"
+    assert dag_info["catchup"] is False
+    assert dag_info["start_date"].endswith("+00:00")
+    assert "tfrecords" in dag_info["tags"]
+    assert dag_info["doc_md"] is True
+
+
+def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
+    from include.image_tfrecords.config import BuildConfig
+
+    params = {k: v["value"] for k, v in dag_info["params"].items()}
+    assert set(params) >= {"source", "destination", "dataset", "splits", "salt", "shard_size_mb", "compression"}
+    assert params["splits"] == {"train": 0.8, "validation": 0.1, "test": 0.1}
+    assert dag_info["params"]["compression"]["schema"]["enum"] == ["none", "gzip"]
+    for name, param in dag_info["params"].items():
+        assert param["schema"].get("title") and param["description"], name
+    BuildConfig(**{k: v for k, v in params.items() if k != "version"}, version="20261101T020000Z")
+
+
+def test_parsing_the_dag_imports_no_heavy_modules(airflow_env: dict[str, str]) -> None:
+    probe = ("import runpy, sys; runpy.run_path(sys.argv[1]); "
+             "print(sorted(m for m in ('tensorflow', 'PIL', 'numpy', 'botocore') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe, str(ROOT / "dags" / "image_tfrecords.py")],
+                            env=airflow_env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_run_version_rule() -> None:
+    import pendulum
+
+    sys.path.insert(0, str(ROOT / "dags"))
+    try:
+        from image_tfrecords import run_version
+    finally:
+        sys.path.remove(str(ROOT / "dags"))
+    date = pendulum.datetime(2026, 11, 1, 2, 0, tz="Europe/Paris")
+    assert run_version({"params": {}, "logical_date": date, "run_id": "x"}) == "20261101T010000Z"
+    assert run_version({"params": {"version": "v7"}, "logical_date": date, "run_id": "x"}) == "v7"
+    assert run_version({"params": {}, "logical_date": None,
+                        "run_id": "manual__2026-11-01T02:00:00+00:00"}) == "manual__2026-11-01T02-00-00-00-00"

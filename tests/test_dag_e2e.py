@@ -1,0 +1,106 @@
+"""The DAG end to end under `airflow dags test`, from and into a real SeaweedFS S3 server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from include.image_tfrecords.storage import Storage
+from tests.test_cli import assert_matches_source
+from tests.tf_reader import read_version
+from tools.seaweedfs import S3Server
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+
+
+def dags_test(airflow_env: dict[str, str], server: S3Server, logical_date: str,
+              conf: dict) -> subprocess.CompletedProcess[str]:
+    env = {**airflow_env, "AIRFLOW_CONN_AWS_DEFAULT": server.airflow_connection()}
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        env.pop(key, None)  # inside Airflow, S3 settings come only from the connection
+    return subprocess.run([AIRFLOW, "dags", "test", "image_tfrecords", logical_date, "-c", json.dumps(conf)],
+                          env=env, capture_output=True, text=True, timeout=900)
+
+
+def shard_digests(manifest: dict) -> dict[str, list[tuple[str, str]]]:
+    return {s: [(x["file"], x["sha256"]) for x in i["shards"]] for s, i in manifest["splits"].items()}
+
+
+@pytest.fixture
+def s3_source(sample_dir: Path, bucket: str, s3_storage: Storage) -> str:
+    for path in sample_dir.rglob("*"):
+        if path.is_file():
+            s3_storage.write_bytes(f"s3://{bucket}/incoming/{path.relative_to(sample_dir).as_posix()}",
+                                   path.read_bytes())
+    return f"s3://{bucket}/incoming"
+
+
+def test_dag_publishes_to_s3_and_reruns_identically(airflow_env: dict[str, str], s3_server: S3Server,
+                                                    s3_source: str, bucket: str, s3_storage: Storage,
+                                                    sample_dir: Path) -> None:
+    conf = {"source": s3_source, "destination": f"s3://{bucket}/datasets", "dataset": "shapes",
+            "shard_size_mb": 0.05, "salt": "e2e"}
+    first = dags_test(airflow_env, s3_server, "2026-11-01T02:00:00+00:00", conf)
+    assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
+    assert "rendered_map_index='train-00000-of-" in first.stdout + first.stderr
+
+    root = f"s3://{bucket}/datasets/shapes"
+    manifest, splits = read_version(s3_storage, f"{root}/20261101T020000Z")
+    assert_matches_source(manifest, splits, sample_dir)
+    assert s3_storage.exists(f"{root}/20261101T020000Z/_SUCCESS")
+    assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261101T020000Z"}
+    assert not list(s3_storage.iter_files(f"{root}/_staging"))
+
+    second = dags_test(airflow_env, s3_server, "2026-11-02T02:00:00+00:00", conf)
+    assert second.returncode == 0, second.stdout[-5000:] + second.stderr[-5000:]
+    manifest2, _ = read_version(s3_storage, f"{root}/20261102T020000Z")
+    assert shard_digests(manifest2) == shard_digests(manifest)
+    assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261102T020000Z"}
+
+    before = {f.key: s3_storage.sha256_of(f"{root}/{f.key}") for f in s3_storage.iter_files(root)}
+    rerun = dags_test(airflow_env, s3_server, "2026-11-01T02:00:00+00:00", conf)  # an older date, again
+    assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]
+    after = {f.key: s3_storage.sha256_of(f"{root}/{f.key}") for f in s3_storage.iter_files(root)}
+    assert after == before, "a rerun must write the same bytes and nothing more"
+    assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261102T020000Z"}
+
+
+def test_dag_gzip_into_local_folder(airflow_env: dict[str, str], s3_server: S3Server, sample_dir: Path,
+                                    tmp_path: Path) -> None:
+    conf = {"source": str(sample_dir), "destination": str(tmp_path), "dataset": "shapes", "compression": "gzip",
+            "version": "manual-1"}
+    result = dags_test(airflow_env, s3_server, "2026-11-05T00:00:00+00:00", conf)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    manifest, splits = read_version(Storage(), str(tmp_path / "shapes" / "manual-1"))
+    assert manifest["compression"] == "gzip"
+    assert_matches_source(manifest, splits, sample_dir)
+
+
+def test_bad_params_fail_fast_without_retries(airflow_env: dict[str, str], s3_server: S3Server,
+                                              sample_dir: Path, tmp_path: Path) -> None:
+    conf = {"source": str(sample_dir), "destination": str(tmp_path), "dataset": "d",
+            "splits": {"train": 0.7, "test": 0.2}}
+    result = dags_test(airflow_env, s3_server, "2026-11-06T00:00:00+00:00", conf)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "split fractions must sum to 1" in output
+    assert "up_for_retry" not in output
+    assert not any(tmp_path.rglob("_SUCCESS"))
+
+
+def test_secret_never_in_task_logs_or_published_files(airflow_env: dict[str, str], s3_server: S3Server,
+                                                      s3_source: str, bucket: str, s3_storage: Storage) -> None:
+    conf = {"source": s3_source, "destination": f"s3://{bucket}/out", "dataset": "d", "version": "v"}
+    result = dags_test(airflow_env, s3_server, "2026-11-07T00:00:00+00:00", conf)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    logs = Path(airflow_env["AIRFLOW_HOME"]) / "logs"
+    texts = [p.read_text(errors="replace") for p in logs.rglob("*") if p.is_file()]
+    texts += [s3_storage.read_text(f"s3://{bucket}/out/d/v/{name}")
+              for name in ("dataset_info.json", "labels.csv", "rejects.csv")]
+    texts.append(result.stdout + result.stderr)
+    assert len(texts) > 3
+    assert not [text[:200] for text in texts if s3_server.secret_key in text]
