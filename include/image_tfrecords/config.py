@@ -11,7 +11,7 @@ from .storage import is_s3, join
 from .tfrecord import COMPRESSIONS
 
 DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # used with fullmatch
 
 
 class ConfigError(ValueError):
@@ -25,6 +25,8 @@ def parse_splits(text: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         if not sep:
             raise ConfigError(f"split {part!r} is not NAME=FRACTION")
+        if name.strip() in splits:
+            raise ConfigError(f"split {name.strip()!r} is given more than once")
         try:
             splits[name.strip()] = float(value)
         except ValueError:
@@ -38,7 +40,7 @@ def check_splits(splits: Any) -> dict[str, float]:
         raise ConfigError("splits must be a non-empty object like {\"train\": 0.8, \"test\": 0.2}")
     out: dict[str, float] = {}
     for name, fraction in splits.items():
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigError(f"split name {name!r} must be letters, digits, '.', '_' or '-'")
         if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
             raise ConfigError(f"split {name!r} fraction must be a number in (0, 1], not {fraction!r}")
@@ -71,7 +73,7 @@ class BuildConfig:
                 raise ConfigError(f"{what} {value!r} has no bucket name")
         for what in ("dataset", "version"):
             value = getattr(self, what)
-            if not isinstance(value, str) or not _NAME.match(value):
+            if not isinstance(value, str) or not _NAME.fullmatch(value):
                 raise ConfigError(f"{what} {value!r} must start with a letter or digit and use only "
                                   "letters, digits, '.', '_' or '-'")
         if self.compression not in COMPRESSIONS:

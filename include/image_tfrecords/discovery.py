@@ -38,11 +38,10 @@ class DiscoveryCounts:
 
 
 def looks_like_image(filename: str) -> bool:
-    """True for names with an image extension (any case) that are not hidden files."""
-    base = posixpath.basename(filename)
-    if base.startswith("."):
+    """True for names with an image extension (any case), not hidden and not in a hidden folder."""
+    if any(part.startswith(".") for part in filename.split("/")):
         return False
-    return posixpath.splitext(base)[1].lower() in IMAGE_EXTENSIONS
+    return posixpath.splitext(filename)[1].lower() in IMAGE_EXTENSIONS
 
 
 def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None) -> Iterator[Candidate]:

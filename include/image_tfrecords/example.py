@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 FeatureValue = bytes | str | int | float | Sequence[bytes] | Sequence[int] | Sequence[float]
 
 
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
 def _varint(value: int) -> bytes:
     if value < 0:
         value += 1 << 64
@@ -39,6 +42,8 @@ def _feature(value: FeatureValue) -> bytes:
         items = b"".join(_field(1, v.encode() if isinstance(v, str) else v) for v in values)
         return _field(1, items)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if any(v not in _INT64 for v in values):
+            raise ValueError(f"integer out of int64 range in {value!r}")
         return _field(3, _field(1, b"".join(_varint(v) for v in values)) if values else b"")
     if all(isinstance(v, float) for v in values):
         return _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)) if values else b"")
@@ -106,7 +111,7 @@ def decode_example(data: bytes) -> dict[str, list[bytes] | list[int] | list[floa
                 values: list[int] = []
                 for _, wire, p in items:
                     if wire == 0:
-                        values.append(p)  # type: ignore[arg-type]
+                        values.append(p - (1 << 64) if p >= 1 << 63 else p)  # type: ignore[operator]
                     else:
                         pos = 0
                         while pos < len(p):  # type: ignore[arg-type]

@@ -50,7 +50,6 @@ def deal(keys: Iterable[tuple[float, int]], num_shards: int) -> dict[int, int]:
 
 def group_tasks(shard_files: list[str], max_tasks: int) -> list[list[str]]:
     """Split shard names into at most ``max_tasks`` contiguous groups of near-equal size."""
-    if not shard_files:
-        return []
-    per_task = math.ceil(len(shard_files) / max_tasks)
-    return [shard_files[i : i + per_task] for i in range(0, len(shard_files), per_task)]
+    count = min(len(shard_files), max_tasks)
+    n = len(shard_files)
+    return [shard_files[i * n // count : (i + 1) * n // count] for i in range(count)]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 _JPEG_CHANNELS = {"L": 1, "RGB": 3}
 _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 3, "RGBA": 4}
 MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: libpng (and TensorFlow) need it
 
 
 class RejectedImage(Exception):
@@ -60,6 +61,7 @@ def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:
     """Check that ``data`` is a complete JPEG or PNG and describe it; raise RejectedImage."""
     from PIL import Image
 
+    Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked below before any pixel is decoded
     if not data:
         raise RejectedImage("empty_file")
     fmt = sniff_format(data)
@@ -80,6 +82,8 @@ def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:
             if fmt == "jpeg":
                 image.draft(mode, (max(1, width // 8), max(1, height // 8)))
             image.load()
+            if fmt == "png" and data.rfind(_PNG_END) < 0:
+                raise RejectedImage("corrupt", "PNG ends before its IEND chunk")
     except RejectedImage:
         raise
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:

@@ -236,12 +236,13 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
 
 
 # -- 6. validate ------------------------------------------------------------------------------------
+def _name_hash(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:16], "big")
+
+
 def _set_digest(names: Iterator[str]) -> str:
     """An order-independent digest of a multiset of names (sum of their hashes mod 2^128)."""
-    total = 0
-    for name in names:
-        total = (total + int.from_bytes(hashlib.sha256(name.encode()).digest()[:16], "big")) % 2**128
-    return f"{total:032x}"
+    return f"{sum(map(_name_hash, names)) % 2**128:032x}"
 
 
 def validate_shard(cfg: BuildConfig, storage: Storage, shard: str,
@@ -313,22 +314,23 @@ def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, A
     summary = read_json(storage, _staged(cfg, SPLIT_SUMMARY))
     by_file = {r["file"]: r for r in results or []}
     split_of: dict[str, str] = {}
-    names: dict[str, list[str]] = defaultdict(list)
+    counts: Counter[str] = Counter()
+    digests: Counter[str] = Counter()  # per split: sum of name hashes, as _set_digest
     with read_rows(storage, _staged(cfg, LABELS)) as rows:
         for row in rows:
             if split_of.setdefault(row["sha256"], row["split"]) != row["split"]:
                 raise BuildError(f"identical image content in splits {split_of[row['sha256']]} and "
                                  f"{row['split']} ({row['filename']})")
-            names[row["split"]].append(row["filename"])
+            counts[row["split"]] += 1
+            digests[row["split"]] += _name_hash(row["filename"])
     splits: dict[str, Any] = {}
     for split, shard_files in plan["splits"].items():
         shards = [by_file.get(f) or validate_shard(cfg, storage, f, progress) for f in shard_files]
         total = sum(s["num_records"] for s in shards)
         expected = summary["splits"][split]["num_records"]
-        if total != expected or total != len(names[split]):
+        if total != expected or total != counts[split]:
             raise BuildError(f"split {split} holds {total} records, labels.csv says {expected}")
-        digest = (sum(int(s["names"], 16) for s in shards) % 2**128) if shards else 0
-        if f"{digest:032x}" != _set_digest(iter(names.pop(split, []))):
+        if sum(int(s["names"], 16) for s in shards) % 2**128 != digests[split] % 2**128:
             raise BuildError(f"split {split}: the records in its shards are not the ones labels.csv lists")
         splits[split] = {"num_records": total, "shards": [
             {key: s[key] for key in ("file", "num_records", "num_bytes", "sha256")} for s in shards]}

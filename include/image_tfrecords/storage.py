@@ -149,7 +149,9 @@ class Storage:
         yield from self._walk_local(uri, "")
 
     def _walk_local(self, root: str, rel: str) -> Iterator[FileInfo]:
-        entries = sorted(os.scandir(os.path.join(root, rel) if rel else root), key=lambda e: e.name)
+        # Sorting folders as "name/" makes the walk yield full keys in sorted order, as S3 lists them.
+        entries = sorted(os.scandir(os.path.join(root, rel) if rel else root),
+                         key=lambda e: e.name + "/" if e.is_dir(follow_symlinks=False) else e.name)
         for entry in entries:
             key = f"{rel}/{entry.name}" if rel else entry.name
             if entry.is_symlink():

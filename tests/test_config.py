@@ -1,0 +1,217 @@
+"""Build settings: split parsing and validation, BuildConfig checks, and the URIs it derives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from include.image_tfrecords.config import DEFAULT_SPLITS, BuildConfig, ConfigError, check_splits, parse_splits
+
+
+def _config(**overrides: Any) -> BuildConfig:
+    values: dict[str, Any] = {"source": "/data/flowers", "destination": "/data/out", "dataset": "flowers",
+                              "version": "v1"}
+    return BuildConfig(**{**values, **overrides})
+
+
+# -- parse_splits ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,expected", [
+    ("train=0.8,validation=0.1,test=0.1", {"train": 0.8, "validation": 0.1, "test": 0.1}),
+    (" train = 0.5 , test=0.5 ", {"train": 0.5, "test": 0.5}),
+    ("train=1", {"train": 1.0}),
+    ("train=0.8,,test=0.2,", {"train": 0.8, "test": 0.2}),
+    ("a=1e-1,b=9E-1", {"a": 0.1, "b": 0.9}),
+    ("", {}),
+])
+def test_parse_splits(text: str, expected: dict[str, float]) -> None:
+    parsed = parse_splits(text)
+    assert parsed == expected
+    assert list(parsed) == list(expected)  # order kept
+
+
+def test_parse_splits_keeps_order() -> None:
+    assert list(parse_splits("test=0.1,train=0.8,validation=0.1")) == ["test", "train", "validation"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("train", "'train' is not NAME=FRACTION"),
+    ("train=0.8,test", "'test' is not NAME=FRACTION"),
+    ("train=abc", "split 'train' has a fraction that is not a number: 'abc'"),
+    ("train=", "not a number"),
+    ("train=0.8;test=0.2", "not a number"),
+])
+def test_parse_splits_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_splits(text)
+    assert message in str(info.value)
+
+
+def test_parse_splits_rejects_repeated_names() -> None:
+    with pytest.raises(ConfigError):
+        check_splits(parse_splits("train=0.8,test=0.2,test=0.2"))
+
+
+# -- check_splits ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("splits", [
+    {"train": 0.8, "validation": 0.1, "test": 0.1},
+    {"all": 1},
+    {"a": 0.3333333, "b": 0.3333333, "c": 0.3333334},
+    {"train.v2": 0.5, "hold_out-1": 0.5},
+    {"0": 0.5, "B": 0.5},
+])
+def test_check_splits_accepts(splits: dict[str, float]) -> None:
+    checked = check_splits(splits)
+    assert checked == splits
+    assert all(type(v) is float for v in checked.values())
+    assert list(checked) == list(splits)
+
+
+@pytest.mark.parametrize("splits,message", [
+    ({"train": 0.8, "test": 0.1}, "must sum to 1, not 0.9"),
+    ({"train": 0.8, "test": 0.3}, "must sum to 1, not 1.1"),
+    ({"train": 1.2, "test": -0.2}, "fraction must be a number in (0, 1]"),
+    ({"train": 1.0, "test": 0}, "'test' fraction must be a number in (0, 1], not 0"),
+    ({"train": 0.5, "test": -0.5}, "not -0.5"),
+    ({"train": "0.5", "test": 0.5}, "not '0.5'"),
+    ({"train": True}, "not True"),
+    ({"train": None}, "not None"),
+    ({"train": float("nan")}, "not nan"),
+    ({"": 1.0}, "split name '' must be"),
+    ({"train set": 1.0}, "split name 'train set'"),
+    ({"../x": 1.0}, "split name '../x'"),
+    ({"a/b": 1.0}, "split name 'a/b'"),
+    ({"_train": 1.0}, "split name '_train'"),
+    ({1: 1.0}, "split name 1"),
+    ({}, "non-empty"),
+    (None, "non-empty"),
+    ([("train", 1.0)], "non-empty"),
+    ("train=1", "non-empty"),
+])
+def test_check_splits_errors(splits: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_splits(splits)
+    assert message in str(info.value)
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+# -- BuildConfig -----------------------------------------------------------------------------------
+def test_defaults() -> None:
+    cfg = _config()
+    assert cfg.splits == DEFAULT_SPLITS
+    assert cfg.splits is not DEFAULT_SPLITS
+    assert (cfg.salt, cfg.shard_size_mb, cfg.compression) == ("", 100.0, "none")
+
+
+def test_splits_are_validated_and_normalised() -> None:
+    cfg = _config(splits={"train": 1})
+    assert cfg.splits == {"train": 1.0} and type(cfg.splits["train"]) is float
+    with pytest.raises(ConfigError, match="sum to 1"):
+        _config(splits={"train": 0.5})
+
+
+def test_to_dict_round_trips() -> None:
+    cfg = _config(splits={"a": 0.25, "b": 0.75}, salt="pepper", shard_size_mb=0.5, compression="gzip")
+    assert cfg.to_dict() == {"source": "/data/flowers", "destination": "/data/out", "dataset": "flowers",
+                             "version": "v1", "splits": {"a": 0.25, "b": 0.75}, "salt": "pepper",
+                             "shard_size_mb": 0.5, "compression": "gzip"}
+    assert BuildConfig(**cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("field,value", [
+    ("dataset", ""), ("dataset", "my dataset"), ("dataset", "../up"), ("dataset", "a/b"), ("dataset", ".hidden"),
+    ("dataset", "-x"), ("dataset", "_staging"), ("dataset", "naïve"), ("dataset", None), ("dataset", 5),
+    ("version", ""), ("version", "v1/x"), ("version", ".."), ("version", "_staging"), ("version", "v 1"),
+    ("version", "v1:2"), ("version", None),
+])
+def test_bad_names(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=f"{field} .* must start with a letter or digit"):
+        _config(**{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("dataset", "flowers-102_v2.1"), ("version", "2024.11.22"),
+                                         ("version", "V1"), ("dataset", "0")])
+def test_good_names(field: str, value: str) -> None:
+    assert getattr(_config(**{field: value}), field) == value
+
+
+@pytest.mark.parametrize("overrides", [{"version": "v1\n"}, {"dataset": "flowers\n"},
+                                       {"splits": {"train\n": 1.0}}])
+def test_names_with_trailing_newline_are_rejected(overrides: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        _config(**overrides)
+
+
+@pytest.mark.parametrize("value", ["zip", "GZIP", "", "gz", None])
+def test_bad_compression(value: Any) -> None:
+    with pytest.raises(ConfigError, match="compression must be one of none, gzip"):
+        _config(compression=value)
+
+
+@pytest.mark.parametrize("value", ["none", "gzip"])
+def test_good_compression(value: str) -> None:
+    assert _config(compression=value).compression == value
+
+
+@pytest.mark.parametrize("value", [0, -1, 4096.01, 10**6, "100", None, True, float("nan"), float("inf")])
+def test_bad_shard_size(value: Any) -> None:
+    with pytest.raises(ConfigError, match=r"shard_size_mb must be a number in \(0, 4096\]"):
+        _config(shard_size_mb=value)
+
+
+@pytest.mark.parametrize("value", [0.001, 1, 100, 4096])
+def test_good_shard_size(value: float) -> None:
+    assert _config(shard_size_mb=value).shard_size_mb == value
+
+
+@pytest.mark.parametrize("field", ["source", "destination"])
+@pytest.mark.parametrize("value", ["", "   ", None, 7])
+def test_missing_source_or_destination(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=f"{field} is required"):
+        _config(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["source", "destination"])
+@pytest.mark.parametrize("value", ["s3://", "s3:///", "s3:///prefix"])
+def test_s3_without_bucket(field: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"{field} '{value}' has no bucket name"):
+        _config(**{field: value})
+
+
+# -- URIs ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("destination,dataset_uri", [
+    ("/data/out", "/data/out/flowers"),
+    ("/data/out/", "/data/out/flowers"),
+    ("relative/out", "relative/out/flowers"),
+    ("s3://bucket", "s3://bucket/flowers"),
+    ("s3://bucket/", "s3://bucket/flowers"),
+    ("s3://bucket/some/prefix", "s3://bucket/some/prefix/flowers"),
+    ("s3://bucket/some/prefix/", "s3://bucket/some/prefix/flowers"),
+])
+def test_uris(destination: str, dataset_uri: str) -> None:
+    cfg = _config(destination=destination, version="2024-11-22")
+    assert cfg.dataset_uri == dataset_uri
+    assert cfg.version_uri == f"{dataset_uri}/2024-11-22"
+    assert cfg.staging_uri == f"{dataset_uri}/_staging/2024-11-22"
+
+
+def test_staging_never_collides_with_a_version() -> None:
+    cfg = _config()
+    assert cfg.staging_uri != cfg.version_uri
+    assert not cfg.version_uri.startswith(cfg.staging_uri)
+    with pytest.raises(ConfigError):
+        _config(version="_staging")  # a version can never be named like the staging folder
+
+
+def test_s3_source_with_bucket_only_is_fine() -> None:
+    cfg = _config(source="s3://images", destination="s3://datasets/tfrecords")
+    assert cfg.version_uri == "s3://datasets/tfrecords/flowers/v1"
+
+
+def test_config_is_frozen() -> None:
+    cfg = _config()
+    with pytest.raises(AttributeError):
+        cfg.version = "v2"  # type: ignore[misc]

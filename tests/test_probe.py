@@ -1,0 +1,277 @@
+"""probe.inspect_image against Pillow-made files, with tf.io.decode_image as the reference decoder."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from include.image_tfrecords.probe import MAX_PIXELS, ImageFacts, RejectedImage, inspect_image, sniff_format
+
+SIZE = (37, 23)  # odd sizes: width and height cannot be swapped unnoticed
+
+
+@pytest.fixture(scope="module")
+def tf() -> Any:
+    import tensorflow
+
+    return tensorflow
+
+
+def _noise(mode: str, size: tuple[int, int] = SIZE, seed: int = 0) -> Any:
+    from PIL import Image
+
+    rng = random.Random(seed)
+    if mode == "P":
+        return _noise("RGB", size, seed).quantize(colors=16)
+    if mode == "1":
+        return _noise("L", size, seed).convert("1")
+    bytes_per_pixel = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "I;16": 2, "CMYK": 4}[mode]
+    return Image.frombytes(mode, size, rng.randbytes(size[0] * size[1] * bytes_per_pixel))
+
+
+def _encode(mode: str, fmt: str, size: tuple[int, int] = SIZE, **options: Any) -> bytes:
+    buf = io.BytesIO()
+    _noise(mode, size).save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+IMAGES = {
+    "jpeg_rgb": ("RGB", "JPEG", {"quality": 90}),
+    "jpeg_rgb_progressive": ("RGB", "JPEG", {"progressive": True}),
+    "jpeg_gray": ("L", "JPEG", {}),
+    "png_rgb": ("RGB", "PNG", {}),
+    "png_rgba": ("RGBA", "PNG", {}),
+    "png_l": ("L", "PNG", {}),
+    "png_la": ("LA", "PNG", {}),
+    "png_p": ("P", "PNG", {}),
+    "png_p_transparent": ("P", "PNG", {"transparency": 0}),
+    "png_i16": ("I;16", "PNG", {}),
+    "png_1bit": ("1", "PNG", {}),
+    "png_l_trns": ("L", "PNG", {"transparency": 5}),
+    "png_rgb_trns": ("RGB", "PNG", {"transparency": (1, 2, 3)}),
+    "png_interlaced": ("RGB", "PNG", {"interlace": 1}),
+}
+
+
+def _image(name: str) -> bytes:
+    mode, fmt, options = IMAGES[name]
+    return _encode(mode, fmt, **options)
+
+
+@pytest.mark.parametrize("name", list(IMAGES))
+def test_facts_match_tensorflow(tf: Any, name: str) -> None:
+    data = _image(name)
+    facts = inspect_image(data)
+    decoded = tf.io.decode_image(data)
+    assert facts == ImageFacts(
+        sha256=hashlib.sha256(data).hexdigest(),
+        num_bytes=len(data),
+        format=IMAGES[name][1].lower(),
+        width=int(decoded.shape[1]),
+        height=int(decoded.shape[0]),
+        channels=int(decoded.shape[2]),
+    )
+    assert (facts.width, facts.height) == SIZE
+
+
+def test_expected_channels_per_mode() -> None:
+    # The numbers TensorFlow gives (checked above); spelled out so a wrong table is obvious.
+    expected = {"jpeg_rgb": 3, "jpeg_gray": 1, "png_rgb": 3, "png_rgba": 4, "png_l": 1, "png_la": 2,
+                "png_p": 3, "png_p_transparent": 4, "png_i16": 1, "png_1bit": 1}
+    assert {name: inspect_image(_image(name)).channels for name in expected} == expected
+
+
+def test_exif_rotation_is_not_applied_like_tensorflow(tf: Any) -> None:
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees
+    data = _encode("RGB", "JPEG", exif=exif.tobytes())
+    facts = inspect_image(data)
+    decoded = tf.io.decode_image(data)
+    assert (facts.width, facts.height) == (decoded.shape[1], decoded.shape[0]) == SIZE
+
+
+def test_jpeg_with_png_name_is_jpeg(tmp_path: Path) -> None:
+    path = tmp_path / "photo.png"
+    _noise("RGB").save(path, "JPEG")
+    facts = inspect_image(path.read_bytes())
+    assert facts.format == "jpeg"
+    assert (facts.width, facts.height, facts.channels) == (*SIZE, 3)
+
+
+def test_png_with_jpg_name_is_png(tmp_path: Path) -> None:
+    path = tmp_path / "photo.jpg"
+    _noise("RGBA").save(path, "PNG")
+    facts = inspect_image(path.read_bytes())
+    assert (facts.format, facts.channels) == ("png", 4)
+
+
+def test_cmyk_jpeg_is_unsupported() -> None:
+    with pytest.raises(RejectedImage) as info:
+        inspect_image(_encode("CMYK", "JPEG"))
+    assert info.value.reason == "unsupported_format"
+    assert "CMYK" in info.value.detail
+
+
+# -- truncation and damage -------------------------------------------------------------------------
+def _reason(data: bytes, **kwargs: Any) -> str:
+    with pytest.raises(RejectedImage) as info:
+        inspect_image(data, **kwargs)
+    return info.value.reason
+
+
+def _cut(data: bytes, where: str) -> bytes:
+    return {
+        "signature": data[:8],
+        "header": data[:20],
+        "after_header": data[:60],
+        "middle": data[: len(data) // 2],
+        "three_quarters": data[: len(data) * 3 // 4],
+        "last_12": data[:-12],
+        "last_4": data[:-4],
+        "last_2": data[:-2],
+        "last_1": data[:-1],
+    }[where]
+
+
+JPEG_CUTS = ["signature", "header", "after_header", "middle", "three_quarters", "last_12", "last_4", "last_2",
+             "last_1"]
+
+
+@pytest.mark.parametrize("name", ["jpeg_rgb", "jpeg_rgb_progressive", "jpeg_gray"])
+@pytest.mark.parametrize("where", JPEG_CUTS)
+def test_truncated_jpeg_is_corrupt(name: str, where: str) -> None:
+    assert _reason(_cut(_image(name), where)) == "corrupt"
+
+
+# The last three cut the IEND chunk: libpng, and so TensorFlow, reject such files.
+PNG_CUTS = ["signature", "header", "after_header", "middle", "three_quarters", "last_12", "last_4", "last_1"]
+
+
+@pytest.mark.parametrize("name", ["png_rgb", "png_p_transparent", "png_i16"])
+@pytest.mark.parametrize("where", PNG_CUTS)
+def test_truncated_png_is_corrupt(name: str, where: str) -> None:
+    assert _reason(_cut(_image(name), where)) == "corrupt"
+
+
+@pytest.mark.parametrize("where", ["last_12", "last_4", "last_1"])
+def test_tensorflow_rejects_png_without_complete_iend(tf: Any, where: str) -> None:
+    """The reference behaviour behind the IEND cuts above: TensorFlow rejects them too."""
+    data = _cut(_image("png_rgb"), where)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.decode_image(data)
+
+
+def test_png_with_damaged_image_data_is_corrupt() -> None:
+    data = _image("png_rgb")
+    start = data.index(b"IDAT") + 4
+    damaged = data[:start] + bytes(b ^ 0xFF for b in data[start : start + 64]) + data[start + 64 :]
+    assert _reason(damaged) == "corrupt"
+
+
+def test_empty_file() -> None:
+    assert _reason(b"") == "empty_file"
+
+
+@pytest.mark.parametrize("data", [
+    random.Random(7).randbytes(5000),
+    b"hello, this is a text file\n" * 20,
+    b"\xff\xd8",  # half a JPEG signature
+    b"\x89PNG\r\n",  # part of the PNG signature
+    b"<svg xmlns='http://www.w3.org/2000/svg'/>",
+    b"\x00" * 100,
+])
+def test_not_an_image(data: bytes) -> None:
+    assert sniff_format(data) is None
+    assert _reason(data) == "not_an_image"
+
+
+@pytest.mark.parametrize("fmt,options", [("GIF", {}), ("BMP", {}), ("WEBP", {"lossless": True}), ("TIFF", {}),
+                                         ("TIFF", {"compression": "tiff_lzw"})])
+def test_other_formats_are_unsupported(fmt: str, options: dict[str, Any]) -> None:
+    data = _encode("RGB", fmt, **options)
+    with pytest.raises(RejectedImage) as info:
+        inspect_image(data)
+    assert info.value.reason == "unsupported_format"
+    assert info.value.detail == fmt.lower()
+
+
+# -- pixel limits ----------------------------------------------------------------------------------
+def _chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares ``width`` x ``height`` RGB pixels but holds almost no data."""
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + _chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + _chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("width,height", [(100_000, 100_000), (10_000, 10_000), (65_535, 2_000)])
+def test_huge_declared_png_is_too_many_pixels(width: int, height: int) -> None:
+    assert width * height > MAX_PIXELS
+    assert _reason(_png_header_only(width, height)) == "too_many_pixels"
+
+
+def test_declared_size_over_small_limit_is_too_many_pixels() -> None:
+    assert _reason(_png_header_only(5_000, 5_000), max_pixels=1_000_000) == "too_many_pixels"
+
+
+def test_small_limit_boundary() -> None:
+    data = _image("png_rgb")  # 37 x 23 = 851 pixels
+    assert inspect_image(data, max_pixels=851).width == SIZE[0]
+    with pytest.raises(RejectedImage) as info:
+        inspect_image(data, max_pixels=850)
+    assert info.value.reason == "too_many_pixels"
+    assert _reason(_image("jpeg_rgb"), max_pixels=850) == "too_many_pixels"
+
+
+def test_under_limit_header_only_png_is_corrupt_not_too_big() -> None:
+    assert _reason(_png_header_only(2_000, 2_000)) == "corrupt"
+
+
+def test_raised_pixel_limit_is_honoured() -> None:
+    assert _reason(_png_header_only(10_000, 10_000), max_pixels=200_000_000) == "corrupt"
+
+
+# -- sniff_format ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("data,expected", [
+    (b"\xff\xd8\xff\xe0\x00\x10JFIF", "jpeg"),
+    (b"\xff\xd8\xff\xdb", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"\x89PNG\r\n\x1a", None),
+    (b"\x89PNG\n\r\x1a\n", None),
+    (b"GIF87a...", "gif"),
+    (b"GIF89a...", "gif"),
+    (b"GIF90a...", None),
+    (b"BM\x00\x00", "bmp"),
+    (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "webp"),
+    (b"RIFF\x00\x00\x00\x00WAVEfmt ", None),
+    (b"II*\x00\x08\x00", "tiff"),
+    (b"MM\x00*\x00\x00", "tiff"),
+    (b"II+\x00", None),
+    (b"", None),
+    (b"\xff", None),
+    (b"%PDF-1.7", None),
+])
+def test_sniff_format(data: bytes, expected: str | None) -> None:
+    assert sniff_format(data) == expected
+
+
+@pytest.mark.parametrize("name", ["jpeg_rgb", "png_rgba"])
+def test_sniff_format_of_real_files(name: str) -> None:
+    assert sniff_format(_image(name)) == IMAGES[name][1].lower()
+
+
+def test_rejected_image_message() -> None:
+    error = RejectedImage("corrupt", "broken scan")
+    assert (error.reason, error.detail, str(error)) == ("corrupt", "broken scan", "corrupt: broken scan")
+    assert str(RejectedImage("empty_file")) == "empty_file"
