@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.probe import MAX_PIXELS, ImageFacts, RejectedImage, inspect_image, sniff_format
+from include.image_tfrecords.probe import (
+    MAX_PIXELS,
+    ImageFacts,
+    RejectedImage,
+    inspect_image,
+    prepare_image,
+    sniff_format,
+)
 
 SIZE = (37, 23)  # odd sizes: width and height cannot be swapped unnoticed
 
@@ -77,6 +84,10 @@ def test_facts_match_tensorflow(tf: Any, name: str) -> None:
         width=int(decoded.shape[1]),
         height=int(decoded.shape[0]),
         channels=int(decoded.shape[2]),
+        source_format=IMAGES[name][1].lower(),
+        transform="",
+        encoded_sha256=hashlib.sha256(data).hexdigest(),
+        encoded_bytes=len(data),
     )
     assert (facts.width, facts.height) == SIZE
 
@@ -88,15 +99,36 @@ def test_expected_channels_per_mode() -> None:
     assert {name: inspect_image(_image(name)).channels for name in expected} == expected
 
 
-def test_exif_rotation_is_not_applied_like_tensorflow(tf: Any) -> None:
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+@pytest.mark.parametrize("orientation", [2, 3, 4, 5, 6, 7, 8])
+def test_exif_orientation_is_applied_to_the_pixels(tf: Any, fmt: str, orientation: int) -> None:
+    from PIL import Image, ImageOps
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    source = _noise("RGB")
+    buf = io.BytesIO()
+    source.save(buf, fmt, exif=exif.tobytes())
+    facts, stored = prepare_image(buf.getvalue())
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(buf.getvalue())))
+    decoded = tf.io.decode_image(stored)
+    assert (facts.width, facts.height) == upright.size == (decoded.shape[1], decoded.shape[0])
+    assert facts.transform == "exif_rotate" and facts.format == fmt.lower()
+    assert facts.encoded_sha256 == hashlib.sha256(stored).hexdigest() != facts.sha256
+    assert Image.open(io.BytesIO(stored)).getexif().get(0x0112, 1) == 1  # no tag left to apply twice
+    if fmt == "PNG":  # lossless: exactly the upright pixels
+        assert decoded.numpy().tobytes() == upright.convert("RGB").tobytes()
+
+
+@pytest.mark.parametrize("orientation", [0, 1])
+def test_upright_exif_is_stored_as_is(orientation: int) -> None:
     from PIL import Image
 
     exif = Image.Exif()
-    exif[0x0112] = 6  # orientation: rotate 90 degrees
+    exif[0x0112] = orientation
     data = _encode("RGB", "JPEG", exif=exif.tobytes())
-    facts = inspect_image(data)
-    decoded = tf.io.decode_image(data)
-    assert (facts.width, facts.height) == (decoded.shape[1], decoded.shape[0]) == SIZE
+    facts, stored = prepare_image(data)
+    assert stored == data and facts.transform == ""
 
 
 def test_jpeg_with_png_name_is_jpeg(tmp_path: Path) -> None:
@@ -114,11 +146,10 @@ def test_png_with_jpg_name_is_png(tmp_path: Path) -> None:
     assert (facts.format, facts.channels) == ("png", 4)
 
 
-def test_cmyk_jpeg_is_unsupported() -> None:
-    with pytest.raises(RejectedImage) as info:
-        inspect_image(_encode("CMYK", "JPEG"))
-    assert info.value.reason == "unsupported_format"
-    assert "CMYK" in info.value.detail
+def test_cmyk_jpeg_becomes_rgb_jpeg(tf: Any) -> None:
+    facts, stored = prepare_image(_encode("CMYK", "JPEG"))
+    assert (facts.format, facts.source_format, facts.transform, facts.channels) == ("jpeg", "jpeg", "cmyk_to_rgb", 3)
+    assert tuple(tf.io.decode_image(stored).shape) == (SIZE[1], SIZE[0], 3)
 
 
 # -- truncation and damage -------------------------------------------------------------------------
@@ -194,14 +225,46 @@ def test_not_an_image(data: bytes) -> None:
     assert _reason(data) == "not_an_image"
 
 
-@pytest.mark.parametrize("fmt,options", [("GIF", {}), ("BMP", {}), ("WEBP", {"lossless": True}), ("TIFF", {}),
-                                         ("TIFF", {"compression": "tiff_lzw"})])
-def test_other_formats_are_unsupported(fmt: str, options: dict[str, Any]) -> None:
-    data = _encode("RGB", fmt, **options)
+@pytest.mark.parametrize(("mode", "fmt", "options"), [
+    ("RGB", "GIF", {}), ("P", "GIF", {"transparency": 0}), ("RGB", "BMP", {}), ("L", "BMP", {}),
+    ("RGB", "WEBP", {"lossless": True}), ("RGBA", "WEBP", {"lossless": True}), ("RGB", "TIFF", {}),
+    ("RGB", "TIFF", {"compression": "tiff_lzw"}), ("I;16", "TIFF", {}), ("CMYK", "TIFF", {}),
+])
+def test_other_formats_become_lossless_png(tf: Any, mode: str, fmt: str, options: dict[str, Any]) -> None:
+    from PIL import Image
+
+    data = _encode(mode, fmt, **options)
+    facts, stored = prepare_image(data)
+    assert (facts.format, facts.source_format, facts.transform) == ("png", fmt.lower(), "to_png")
+    assert facts.sha256 == hashlib.sha256(data).hexdigest()
+    assert facts.encoded_sha256 == hashlib.sha256(stored).hexdigest()
+    decoded = tf.io.decode_image(stored)  # one 3-D image, not a stack of frames
+    assert decoded.shape == (SIZE[1], SIZE[0], facts.channels)
+    original, converted = Image.open(io.BytesIO(data)), Image.open(io.BytesIO(stored))
+    target = "RGBA" if "A" in original.mode or "transparency" in original.info else "RGB"
+    if original.mode not in ("I;16", "CMYK"):  # lossless: the same pixels
+        assert converted.convert(target).tobytes() == original.convert(target).tobytes()
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "WEBP", "PNG", "TIFF"])
+def test_animations_and_multi_page_files_are_rejected(fmt: str) -> None:
+    frames = [_noise("RGB", seed=i) for i in range(3)]
+    buf = io.BytesIO()
+    frames[0].save(buf, fmt, save_all=True, append_images=frames[1:], **({"lossless": True} if fmt == "WEBP" else {}))
     with pytest.raises(RejectedImage) as info:
-        inspect_image(data)
-    assert info.value.reason == "unsupported_format"
-    assert info.value.detail == fmt.lower()
+        prepare_image(buf.getvalue())
+    assert info.value.reason == "multi_frame"
+    assert "3 frames" in info.value.detail
+
+
+def test_float_tiff_is_unsupported() -> None:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("F", SIZE, 0.5).save(buf, "TIFF")
+    with pytest.raises(RejectedImage) as info:
+        prepare_image(buf.getvalue())
+    assert info.value.reason == "unsupported_format" and "F" in info.value.detail
 
 
 # -- pixel limits ----------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ FEATURES: dict[str, str] = {
     "image/sha256": "string",
 }
 
-LABELS_FIELDS = ("filename", "label", "label_id", "split", "sha256", "width", "height",
-                 "channels", "format", "num_bytes")
+LABELS_FIELDS = ("filename", "label", "label_id", "split", "sha256", "width", "height", "channels", "format",
+                 "num_bytes", "source_format", "transform", "encoded_sha256", "encoded_bytes")
 REJECTS_FIELDS = ("filename", "reason", "detail")
 
 

@@ -1,22 +1,41 @@
-"""Inspect one image file: content hash, real format, upright size, channels, and decodability.
+"""Inspect one image file and decide what a record stores: the file as is, a transcoded copy, or nothing.
 
-Decoding checks the whole bitstream, not only the header, so truncated or corrupt files are
-caught before they reach a shard. JPEGs are decoded at reduced scale (Pillow's draft mode:
-every entropy-coded byte is still parsed, the inverse DCT is cheap), which keeps it fast.
+Decoding checks the whole bitstream, not only the header, so truncated or corrupt files are caught
+before they reach a shard. JPEGs are decoded at reduced scale (Pillow's draft mode: every
+entropy-coded byte is still parsed, the inverse DCT is cheap), which keeps it fast.
+
+Policy (a record always holds a JPEG or PNG that ``tf.io.decode_image`` decodes to one upright
+H x W x C image):
+
+- JPEG (grayscale, RGB) and PNG (any bit depth, grey/RGB, with or without alpha, palette):
+  stored byte for byte;
+- JPEG in CMYK/YCCK: converted to RGB and re-encoded as JPEG (quality 95): not every decoder
+  handles CMYK, and Adobe's inverted CMYK decodes to wrong colours in some;
+- EXIF orientation other than 1: pixels rotated upright, re-encoded in the same format
+  (JPEG quality 95, PNG lossless); width and height are the upright ones;
+- GIF, BMP, WebP, TIFF with a single frame: converted losslessly to PNG;
+- animations and multi-page files (GIF, WebP, APNG, TIFF): rejected (``multi_frame``), since
+  picking one frame would silently drop the rest;
+- anything else: rejected with a reason.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import warnings
 from dataclasses import dataclass
+from typing import Any
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
 _JPEG_CHANNELS = {"L": 1, "RGB": 3}
 _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 3, "RGBA": 4}
+# Modes a transcode to PNG keeps as they are, and modes it converts first.
+_PNG_KEEP = frozenset({"1", "L", "LA", "RGB", "RGBA", "P", "I;16", "I;16B"})
+_PNG_CONVERT = {"CMYK": "RGB", "YCbCr": "RGB", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "RGBX": "RGB"}
 MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
+JPEG_QUALITY = 95
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: libpng (and TensorFlow) need it
+_ORIENTATION = 0x0112
 
 
 class RejectedImage(Exception):
@@ -32,12 +51,16 @@ class RejectedImage(Exception):
 class ImageFacts:
     """What the label CSV and the shard writer need to know about one image."""
 
-    sha256: str
-    num_bytes: int
-    format: str  # "jpeg" | "png": what the bytes are
-    width: int
+    sha256: str  # of the source file
+    num_bytes: int  # of the source file
+    format: str  # "jpeg" | "png": what the stored bytes are
+    width: int  # of the stored image, upright
     height: int
-    channels: int
+    channels: int  # as tf.io.decode_image returns them
+    source_format: str  # what the source bytes are: jpeg, png, gif, bmp, webp, tiff
+    transform: str = ""  # "" (stored as is) or what was done: to_png, cmyk_to_rgb, exif_rotate
+    encoded_sha256: str = ""  # of the stored bytes (the source's when stored as is)
+    encoded_bytes: int = 0
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -57,43 +80,132 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:
-    """Check that ``data`` is a complete JPEG or PNG and describe it; raise RejectedImage."""
+def _open(data: bytes, fmt: str, max_pixels: int) -> Any:
+    """Open lazily (header only) and check the pixel count before anything is decoded."""
     from PIL import Image
 
-    Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked below before any pixel is decoded
+    Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked here before decoding
+    image = Image.open(io.BytesIO(data), formats=[fmt.upper()])
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        raise RejectedImage("corrupt", f"bad dimensions {width}x{height}")
+    if width * height > max_pixels:
+        raise RejectedImage("too_many_pixels", f"{width}x{height} exceeds {max_pixels} pixels")
+    return image
+
+
+def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[int, int]]:
+    """Open and fully decode; returns the image and its full size; raise RejectedImage if broken."""
+    try:
+        image = _open(data, fmt, max_pixels)
+        size = image.size  # before draft mode shrinks it
+        if getattr(image, "n_frames", 1) > 1:
+            raise RejectedImage("multi_frame", f"{fmt} with {image.n_frames} frames")
+        if fmt == "jpeg":
+            image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+        image.load()
+        if fmt == "png" and data.rfind(_PNG_END) < 0:
+            raise RejectedImage("corrupt", "PNG ends before its IEND chunk")
+        return image, size
+    except RejectedImage:
+        raise
+    except Exception as exc:  # Pillow raises many types for broken data
+        raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _channels(fmt: str, image: Any) -> int:
+    if fmt == "png" and image.mode == "P":
+        return 4 if "transparency" in image.info else 3
+    return (_JPEG_CHANNELS if fmt == "jpeg" else _PNG_CHANNELS).get(image.mode, 0)
+
+
+def _orientation(image: Any) -> int:
+    try:
+        return int(image.getexif().get(_ORIENTATION, 1) or 1)
+    except Exception:  # unreadable EXIF: treat as upright
+        return 1
+
+
+def _encode(image: Any, fmt: str) -> bytes:
+    """Deterministic JPEG (quality 95) or PNG bytes of a Pillow image, no metadata."""
+    buf = io.BytesIO()
+    if fmt == "jpeg":
+        image.save(buf, "JPEG", quality=JPEG_QUALITY)
+    else:
+        image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _transcode(data: bytes, fmt: str, max_pixels: int) -> tuple[str, str, bytes]:
+    """(stored format, transform, stored bytes) for an image that is not stored as is, or ("", "", b"")."""
+    from PIL import ImageOps
+
+    image = _open(data, fmt, max_pixels)
+    rotate = _orientation(image) not in (1, 0)
+    if fmt == "jpeg" and image.mode in ("CMYK", "YCCK"):
+        image.load()
+        image = image.convert("RGB")
+        if rotate:
+            image = ImageOps.exif_transpose(image)
+        return "jpeg", "cmyk_to_rgb" + ("+exif_rotate" if rotate else ""), _encode(image, "jpeg")
+    if fmt in ("jpeg", "png"):
+        if not rotate:
+            return "", "", b""
+        image.load()
+        return fmt, "exif_rotate", _encode(ImageOps.exif_transpose(image), fmt)
+    image.load()
+    if rotate:
+        image = ImageOps.exif_transpose(image)
+    if image.mode in _PNG_CONVERT:
+        image = image.convert(_PNG_CONVERT[image.mode])
+    elif image.mode not in _PNG_KEEP:
+        raise RejectedImage("unsupported_format", f"{fmt} in colour mode {image.mode}")
+    return "png", "to_png" + ("+exif_rotate" if rotate else ""), _encode(image, "png")
+
+
+def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts, bytes]:
+    """Check ``data`` and return its facts and the bytes a record stores; raise RejectedImage."""
     if not data:
         raise RejectedImage("empty_file")
     fmt = sniff_format(data)
     if fmt is None:
         raise RejectedImage("not_an_image", "content is not a known image format")
-    if fmt not in ("jpeg", "png"):
-        raise RejectedImage("unsupported_format", fmt)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=["JPEG" if fmt == "jpeg" else "PNG"])
-            width, height = image.size
-            if width <= 0 or height <= 0:
-                raise RejectedImage("corrupt", f"bad dimensions {width}x{height}")
-            if width * height > max_pixels:
-                raise RejectedImage("too_many_pixels", f"{width}x{height} exceeds {max_pixels} pixels")
-            mode = image.mode
-            if fmt == "jpeg":
-                image.draft(mode, (max(1, width // 8), max(1, height // 8)))
-            image.load()
-            if fmt == "png" and data.rfind(_PNG_END) < 0:
-                raise RejectedImage("corrupt", "PNG ends before its IEND chunk")
-    except RejectedImage:
-        raise
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise RejectedImage("too_many_pixels", str(exc)) from exc
-    except Exception as exc:  # Pillow raises many types for broken data
-        raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
-    if fmt == "png" and mode == "P":
-        channels = 4 if "transparency" in image.info else 3
-    else:
-        channels = (_JPEG_CHANNELS if fmt == "jpeg" else _PNG_CHANNELS).get(mode, 0)
+    image, size = _decode_checked(data, fmt, max_pixels)
+    sha = hashlib.sha256(data).hexdigest()
+    stored_format, transform, encoded = fmt, "", data
+    if fmt not in ("jpeg", "png") or image.mode in ("CMYK", "YCCK") or _orientation(image) not in (1, 0):
+        try:
+            stored_format, transform, encoded = _transcode(data, fmt, max_pixels)
+        except RejectedImage:
+            raise
+        except Exception as exc:
+            raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
+        if not transform:
+            stored_format, encoded = fmt, data
+        else:
+            image, size = _decode_checked(encoded, stored_format, max_pixels)
+    channels = _channels(stored_format, image)
     if not channels:
-        raise RejectedImage("unsupported_format", f"{fmt} in colour mode {mode}")
-    return ImageFacts(hashlib.sha256(data).hexdigest(), len(data), fmt, width, height, channels)
+        raise RejectedImage("unsupported_format", f"{stored_format} in colour mode {image.mode}")
+    width, height = size
+    facts = ImageFacts(sha, len(data), stored_format, width, height, channels, fmt, transform,
+                       hashlib.sha256(encoded).hexdigest() if transform else sha, len(encoded))
+    return facts, encoded
+
+
+def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:
+    """Check that ``data`` can become a record and describe it; raise RejectedImage."""
+    return prepare_image(data, max_pixels)[0]
+
+
+def stored_bytes(data: bytes, expected: ImageFacts | dict[str, str]) -> bytes:
+    """The bytes a record stores for source ``data``, checked against what inspection recorded."""
+    transform = expected.transform if isinstance(expected, ImageFacts) else expected.get("transform", "")
+    if not transform:
+        return data
+    facts, encoded = prepare_image(data)
+    want = expected.encoded_sha256 if isinstance(expected, ImageFacts) else expected["encoded_sha256"]
+    if facts.encoded_sha256 != want:
+        raise ValueError("transcoding gave different bytes than at inspection (a different Pillow?)")
+    return encoded
+

@@ -25,7 +25,7 @@ from .discovery import DiscoveryCounts, discover
 from .example import decode_example, encode_example
 from .manifest import FEATURES, LABELS_FIELDS, REJECTS_FIELDS, example_features, feature_spec
 from .parallel import ordered_map
-from .probe import RejectedImage, inspect_image
+from .probe import RejectedImage, inspect_image, stored_bytes
 from .splitting import DuplicateResolver, assign_split
 from .storage import Storage, StorageError, is_s3, join, sha256_file
 from .tfrecord import CorruptRecordError, TFRecordWriter, read_records
@@ -38,7 +38,8 @@ DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-disc
 INSPECTED, INSPECT_REJECTS = "inspected.csv", "rejects-inspect.csv"
 LABELS, REJECTS, SPLIT_SUMMARY = "labels.csv", "rejects.csv", "split.json"
 PLAN, MANIFEST, SUCCESS, LATEST = "plan.json", "dataset_info.json", "_SUCCESS", "latest.json"
-INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes")
+INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
+                    "source_format", "transform", "encoded_sha256", "encoded_bytes")
 
 
 class BuildError(RuntimeError):
@@ -125,7 +126,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 split = assign_split(row["sha256"], cfg.salt, cfg.splits)
                 labels.write({**row, "label_id": class_ids[row["label"]], "split": split})
                 per_split[split]["records"] += 1
-                per_split[split]["bytes"] += int(row["num_bytes"])
+                per_split[split]["bytes"] += int(row["encoded_bytes"])
     skipped = read_json(storage, _staged(cfg, DISCOVER_SUMMARY))["skipped"]
     summary = {"classes": classes, "num_records": labels.count, "num_rejected": rejects.count,
                "num_skipped": skipped, "rejects_by_reason": dict(sorted(reasons.items())),
@@ -226,7 +227,11 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
             for row, data in ordered_map(fetch, rows, read_workers):
                 if hashlib.sha256(data).hexdigest() != row["sha256"]:
                     raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
-                writer.write(encode_example(example_features(row, data)))
+                try:
+                    encoded = stored_bytes(data, row)
+                except ValueError as exc:
+                    raise BuildError(f"{row['filename']}: {exc}") from exc
+                writer.write(encode_example(example_features(row, encoded)))
                 progress(1)
         receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": os.path.getsize(path),
                    "sha256": sha256_file(path), "members_sha256": members_sha}
@@ -299,8 +304,8 @@ def _check_record(shard: str, index: int, record: bytes, member: dict[str, str])
             raise BuildError(f"{where}: {key} is not one {dtype}")
         if key != "image/encoded" and values[0] != expected[key]:
             raise BuildError(f"{where}: {key} is {values[0]!r}, the plan says {expected[key]!r}")
-    if hashlib.sha256(example["image/encoded"][0]).hexdigest() != member["sha256"]:  # type: ignore[arg-type]
-        raise BuildError(f"{where}: image bytes do not match image/sha256")
+    if hashlib.sha256(example["image/encoded"][0]).hexdigest() != member["encoded_sha256"]:  # type: ignore[arg-type]
+        raise BuildError(f"{where}: image bytes do not match what inspection recorded")
 
 
 def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, Any]] | None = None,
