@@ -35,6 +35,7 @@ AWS_CONN_ID = "aws_default"
 DEFAULT_SOURCE = os.environ.get("IMAGE_TFRECORDS_SOURCE", "/opt/airflow/data/sample")
 DEFAULT_DESTINATION = os.environ.get("IMAGE_TFRECORDS_DESTINATION", "s3://datasets/image-tfrecords")
 DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", "images")
+RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
 
 PARAMS = {
     "source": Param(DEFAULT_SOURCE, type="string", minLength=1, title="Source",
@@ -54,6 +55,9 @@ PARAMS = {
                            description="Target size of each TFRecord shard, in MB (10^6 bytes)."),
     "compression": Param("none", type="string", enum=["none", "gzip"], title="Compression",
                          description="none writes .tfrecord files; gzip writes .tfrecord.gz."),
+    "max_reject_fraction": Param(0.2, type="number", minimum=0, maximum=1, title="Max reject share",
+                                 description="Fail before publishing if more than this share of the files is "
+                                             "rejected (corrupt, duplicate, unsupported...)."),
     "version": Param(None, type=["null", "string"], title="Version (optional)",
                      description="Override the version name; empty means the run's logical date."),
 }
@@ -93,7 +97,8 @@ def _run(stage: str, **kwargs: Any) -> Any:
     try:
         cfg = BuildConfig(source=params["source"], destination=params["destination"], dataset=params["dataset"],
                           version=run_version(context), splits=params["splits"], salt=params["salt"],
-                          shard_size_mb=params["shard_size_mb"], compression=params["compression"])
+                          shard_size_mb=params["shard_size_mb"], compression=params["compression"],
+                          max_reject_fraction=params["max_reject_fraction"])
         function = getattr(stages, f"{stage}_stage", None) or getattr(stages, stage)
         return function(cfg, Storage(_s3_client), **kwargs)
     except (ConfigError, stages.BuildError, StorageError) as exc:
@@ -111,7 +116,7 @@ def _run(stage: str, **kwargs: Any) -> Any:
     doc_md=__doc__,
     default_args={
         "retries": 3,
-        "retry_delay": timedelta(seconds=30),
+        "retry_delay": RETRY_DELAY,
         "retry_exponential_backoff": True,
         "max_retry_delay": timedelta(minutes=10),
         "execution_timeout": timedelta(hours=2),

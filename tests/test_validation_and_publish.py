@@ -143,7 +143,9 @@ def test_duplicates_and_conflicts_are_rejected_not_lost(tmp_path: Path, sample_d
     (src / "b" / "two.jpg").write_bytes(images[1].read_bytes())  # same bytes, other label
     (src / "b" / "three.jpg").write_bytes(images[2].read_bytes())
     (src / "b" / "broken.jpg").write_bytes(images[3].read_bytes()[:500])
-    cfg, storage = BuildConfig(source=str(src), destination=str(tmp_path / "out"), dataset="d", version="v"), Storage()
+    cfg = BuildConfig(source=str(src), destination=str(tmp_path / "out"), dataset="d", version="v",
+                      max_reject_fraction=1.0)
+    storage = Storage()
     stage_until_written(cfg, storage)
     stages.validate_stage(cfg, storage)
     stages.publish_stage(cfg, storage)

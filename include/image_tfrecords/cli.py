@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--salt", default="", help="string that seeds the split assignment (default: empty)")
     build.add_argument("--shard-size-mb", type=float, default=100.0, help="target shard size in MB (default: 100)")
     build.add_argument("--compression", choices=("none", "gzip"), default="none")
+    build.add_argument("--max-reject-fraction", type=float, default=0.2,
+                       help="fail, publishing nothing, if more than this share of files is rejected (default 0.2)")
     build.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="processes writing and validating shards (default: CPU count)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -139,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = BuildConfig(source=args.source, destination=args.destination, dataset=args.dataset,
                           version=args.version or default_version(), splits=parse_splits(args.splits),
-                          salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression)
+                          salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression,
+                          max_reject_fraction=args.max_reject_fraction)
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         storage = Storage()

@@ -62,6 +62,7 @@ class BuildConfig:
     salt: str = ""
     shard_size_mb: float = 100.0
     compression: str = "none"
+    max_reject_fraction: float = 0.2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", check_splits(self.splits))
@@ -81,6 +82,9 @@ class BuildConfig:
         if isinstance(self.shard_size_mb, bool) or not isinstance(self.shard_size_mb, int | float) \
                 or not 0 < self.shard_size_mb <= 4096:
             raise ConfigError(f"shard_size_mb must be a number in (0, 4096], not {self.shard_size_mb!r}")
+        if isinstance(self.max_reject_fraction, bool) or not isinstance(self.max_reject_fraction, int | float) \
+                or not 0 <= self.max_reject_fraction <= 1:
+            raise ConfigError(f"max_reject_fraction must be a number in [0, 1], not {self.max_reject_fraction!r}")
 
     @property
     def dataset_uri(self) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,14 @@ MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
 JPEG_QUALITY = 95
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: libpng (and TensorFlow) need it
 _ORIENTATION = 0x0112
+_OBJECT_REPR = re.compile(r" ?<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
 class RejectedImage(Exception):
     """A file that will not become a record; ``reason`` is a short machine-readable word."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
+        detail = _OBJECT_REPR.sub("", detail)  # no memory addresses: rejects.csv must be reproducible
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail

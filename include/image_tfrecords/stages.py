@@ -133,9 +133,13 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
                           for name, c in per_split.items()}}
     write_json(storage, _staged(cfg, SPLIT_SUMMARY), summary)
+    why = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
     if not labels.count:
-        raise BuildError(f"no valid images to publish: all {rejects.count} files were rejected "
-                         f"({', '.join(f'{k}: {v}' for k, v in sorted(reasons.items()))})")
+        raise BuildError(f"no valid images to publish: all {rejects.count} files were rejected ({why})")
+    share = rejects.count / (labels.count + rejects.count)
+    if share > cfg.max_reject_fraction:
+        raise BuildError(f"{rejects.count} of {labels.count + rejects.count} files rejected ({share:.0%}, more "
+                         f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {_staged(cfg, REJECTS)}")
     return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
         "num_classes": len(classes)}
 
