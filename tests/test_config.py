@@ -114,10 +114,11 @@ def test_splits_are_validated_and_normalised() -> None:
 
 
 def test_to_dict_round_trips() -> None:
-    cfg = _config(splits={"a": 0.25, "b": 0.75}, salt="pepper", shard_size_mb=0.5, compression="gzip")
+    cfg = _config(splits={"a": 0.25, "b": 0.75}, salt="pepper", shard_size_mb=0.5, compression="gzip",
+                  max_reject_fraction=0.5)
     assert cfg.to_dict() == {"source": "/data/flowers", "destination": "/data/out", "dataset": "flowers",
                              "version": "v1", "splits": {"a": 0.25, "b": 0.75}, "salt": "pepper",
-                             "shard_size_mb": 0.5, "compression": "gzip"}
+                             "shard_size_mb": 0.5, "compression": "gzip", "max_reject_fraction": 0.5}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 

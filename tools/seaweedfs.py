@@ -9,6 +9,7 @@ an existing S3-compatible server instead, for example MinIO from ``docker compos
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -34,6 +35,7 @@ class S3Server:
     region: str = "us-east-1"
     pid: int | None = None  # set when this module started it
     data_dir: str | None = None
+    ports: tuple[int, ...] = ()
 
     def env(self) -> dict[str, str]:
         """boto3's standard environment variables for this server."""
@@ -43,8 +45,6 @@ class S3Server:
 
     def airflow_connection(self) -> str:
         """An ``AIRFLOW_CONN_AWS_DEFAULT`` value (JSON) for this server."""
-        import json
-
         return json.dumps({"conn_type": "aws", "login": self.access_key, "password": self.secret_key,
                            "extra": {"endpoint_url": self.endpoint, "region_name": self.region,
                                      "config_kwargs": {"s3": {"addressing_style": "path"}}}})
@@ -98,10 +98,13 @@ def weed_binary() -> str:
 
 
 def start(data_dir: str, access_key: str = "tfrecords", secret_key: str = "tfrecords-secret",
-          timeout: float = 60.0) -> S3Server:
-    """Start ``weed mini`` with its data in ``data_dir`` (created); wait until S3 answers."""
+          timeout: float = 60.0, ports: tuple[int, ...] = ()) -> S3Server:
+    """Start ``weed mini`` with its data in ``data_dir`` (created); wait until S3 answers.
+
+    Pass the ``ports`` of a stopped server to restart it at the same endpoint with its data.
+    """
     os.makedirs(os.path.join(data_dir, "log"), exist_ok=True)
-    ports = free_ports(len(PORT_FLAGS))
+    ports = tuple(ports) or tuple(free_ports(len(PORT_FLAGS)))
     args = [weed_binary(), f"-logdir={data_dir}/log", "mini", f"-dir={data_dir}", "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.autoCreateBucket=false",
@@ -112,28 +115,38 @@ def start(data_dir: str, access_key: str = "tfrecords", secret_key: str = "tfrec
         process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     server = S3Server(f"http://127.0.0.1:{ports[-1]}", access_key, secret_key, pid=process.pid,
-                      data_dir=data_dir)
+                      data_dir=data_dir, ports=ports)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"SeaweedFS exited with {process.returncode}; see {data_dir}/weed.out")
-        try:
-            with urllib.request.urlopen(f"{server.endpoint}/healthz", timeout=2) as response:
-                if response.status == 200:
-                    return server
-        except OSError:
-            pass
+        if _ready(server):
+            return server
         time.sleep(0.2)
     stop(server)
     raise RuntimeError(f"SeaweedFS did not become ready in {timeout:.0f} s; see {data_dir}/weed.out")
 
 
-def stop(server: S3Server, timeout: float = 20.0) -> None:
-    """Stop a server this module started (SIGTERM, then SIGKILL), by its PID."""
+def _ready(server: S3Server) -> bool:
+    """S3 answers /healthz, and the master knows a volume server (after a restart that can lag by
+    seconds, and until then reads fail with InternalError)."""
+    try:
+        with urllib.request.urlopen(f"{server.endpoint}/healthz", timeout=2) as response:
+            if response.status != 200:
+                return False
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.ports[0]}/dir/status", timeout=2) as response:
+            topology = json.loads(response.read())["Topology"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return any(rack.get("DataNodes") for dc in topology.get("DataCenters") or [] for rack in dc.get("Racks") or [])
+
+
+def stop(server: S3Server, timeout: float = 20.0, hard: bool = False) -> None:
+    """Stop a server this module started (SIGTERM, then SIGKILL; ``hard``: SIGKILL at once), by its PID."""
     if server.pid is None:
         return
     try:
-        os.killpg(server.pid, signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGKILL if hard else signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout

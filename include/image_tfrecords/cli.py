@@ -21,7 +21,7 @@ from typing import Any
 
 from . import stages
 from .config import DEFAULT_SPLITS, BuildConfig, ConfigError, parse_splits
-from .storage import Storage, StorageError
+from .storage import Storage, StorageError, StoreUnreachable
 
 
 def default_version(now: datetime | None = None) -> str:
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        storage=storage)
         print(_summary(cfg, result, time.perf_counter() - started, storage))
         return 0
-    except (ConfigError, stages.BuildError, StorageError, ValueError) as exc:
+    except (ConfigError, stages.BuildError, StorageError, StoreUnreachable, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     except Exception as exc:  # connection and credential problems from boto3

@@ -84,15 +84,26 @@ def default_s3_client() -> Any:
     return boto3.client("s3", config=config, region_name=os.environ.get("AWS_REGION", "us-east-1"))
 
 
-def _describe_client_error(exc: Exception, uri: str, client: Any) -> str | None:
-    """One line for errors that retrying cannot fix (credentials, missing bucket), else None."""
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+class StoreUnreachable(RuntimeError):
+    """The S3 endpoint does not answer; retrying later may help (Airflow retries these)."""
+
+
+def _translate(exc: Exception, uri: str, client: Any) -> Exception | None:
+    """A one-line error naming endpoint and bucket (never a secret) for known failures, else None.
+
+    StorageError: retrying cannot fix it (credentials, missing bucket). StoreUnreachable: it can.
+    """
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
     endpoint = getattr(getattr(client, "meta", None), "endpoint_url", "?")
     bucket = split_s3(uri)[0] if is_s3(uri) else "?"
-    if code in ("NoSuchBucket",):
-        return f"bucket {bucket!r} does not exist at {endpoint}"
+    if isinstance(exc, BotoConnectionError):
+        return StoreUnreachable(f"cannot reach the S3 endpoint {endpoint} (bucket {bucket!r}): {type(exc).__name__}")
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+    if code == "NoSuchBucket":
+        return StorageError(f"bucket {bucket!r} does not exist at {endpoint}")
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken"):
-        return f"access denied to bucket {bucket!r} at {endpoint} ({code}): check the credentials"
+        return StorageError(f"access denied to bucket {bucket!r} at {endpoint} ({code}): check the credentials")
     return None
 
 
@@ -113,15 +124,12 @@ class Storage:
         return self._client
 
     def _s3_call(self, uri: str, method: str, **kwargs: Any) -> Any:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             return getattr(self.s3, method)(**kwargs)
-        except ClientError as exc:
-            message = _describe_client_error(exc, uri, self.s3)
-            if message:
-                raise StorageError(message) from exc
-            raise
+        except (ClientError, BotoCoreError) as exc:
+            raise (_translate(exc, uri, self.s3) or exc) from exc
 
     # -- listing -------------------------------------------------------------------------
     def iter_files(self, uri: str) -> Iterator[FileInfo]:
@@ -139,10 +147,7 @@ class Storage:
                         if not obj["Key"].endswith("/"):
                             yield FileInfo(obj["Key"][len(prefix) :], obj["Size"], obj["LastModified"])
             except Exception as exc:
-                message = _describe_client_error(exc, uri, self.s3)
-                if message:
-                    raise StorageError(message) from exc
-                raise
+                raise (_translate(exc, uri, self.s3) or exc) from exc
             return
         if not os.path.isdir(uri):
             raise StorageError(f"{uri} is not a folder")
@@ -170,14 +175,11 @@ class Storage:
 
         bucket, key = split_s3(uri)
         try:
-            self.s3.head_object(Bucket=bucket, Key=key)
+            self._s3_call(uri, "head_object", Bucket=bucket, Key=key)
             return True
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
-            message = _describe_client_error(exc, uri, self.s3)
-            if message:
-                raise StorageError(message) from exc
             raise
 
     def read_bytes(self, uri: str) -> bytes:
@@ -270,7 +272,7 @@ class Storage:
 
         bucket, key = split_s3(uri)
         try:
-            obj = self.s3.get_object(Bucket=bucket, Key=key)
+            obj = self._s3_call(uri, "get_object", Bucket=bucket, Key=key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None, None
@@ -286,7 +288,8 @@ class Storage:
             condition = {"IfMatch": tag} if tag else {"IfNoneMatch": "*"}
             checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
             try:
-                self.s3.put_object(Bucket=bucket, Key=key, Body=data, ChecksumSHA256=checksum, **condition)
+                self._s3_call(uri, "put_object", Bucket=bucket, Key=key, Body=data, ChecksumSHA256=checksum,
+                              **condition)
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES:
                     return False
