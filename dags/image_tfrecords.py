@@ -23,18 +23,25 @@ write the same bytes. S3 access uses the Airflow connection `aws_default`.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag, get_current_context, task
+
+log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
 DEFAULT_SOURCE = os.environ.get("IMAGE_TFRECORDS_SOURCE", "/opt/airflow/data/sample")
 DEFAULT_DESTINATION = os.environ.get("IMAGE_TFRECORDS_DESTINATION", "s3://datasets/image-tfrecords")
 DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", "images")
+# Updated by every publish. Named only, so it does not change with the environment's defaults (an
+# Asset whose URI changed under the same name would be deactivated); each event's extra says what
+# was published: URI, version and counts.
+PUBLISHED_DATASET = Asset(name="image_tfrecords", group="ml-datasets")
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
 
 PARAMS = {
@@ -72,6 +79,17 @@ def run_version(context: Any) -> str:
     if logical_date is not None:
         return logical_date.in_timezone("UTC").strftime("%Y%m%dT%H%M%SZ")
     return re.sub(r"[^A-Za-z0-9._-]+", "-", context["run_id"]).strip("-.") or "run"
+
+
+def notify_failure(context: Any) -> None:
+    """Failure notice for a task that failed for good (retries exhausted or not retryable).
+
+    Logged at ERROR by default; point it elsewhere by replacing this callback, e.g. with a
+    provider notifier such as ``SlackNotifier`` or ``SmtpNotifier`` in ``default_args``.
+    """
+    ti = context["ti"]
+    log.error("image_tfrecords FAILED: run %s, task %s (try %s), version %s: %s", context["run_id"], ti.task_id,
+              ti.try_number, run_version(context), context.get("exception"))
 
 
 def _s3_client() -> Any:
@@ -120,6 +138,7 @@ def _run(stage: str, **kwargs: Any) -> Any:
         "retry_exponential_backoff": True,
         "max_retry_delay": timedelta(minutes=10),
         "execution_timeout": timedelta(hours=2),
+        "on_failure_callback": notify_failure,
     },
 )
 def image_tfrecords() -> None:
@@ -157,10 +176,13 @@ def image_tfrecords() -> None:
         """Re-read every staged shard and stage dataset_info.json."""
         return _run("validate")
 
-    @task(execution_timeout=timedelta(hours=1))
+    @task(execution_timeout=timedelta(hours=1), outlets=[PUBLISHED_DATASET])
     def publish(validated: dict[str, Any]) -> dict[str, Any]:
-        """Publish atomically: files, then _SUCCESS, then latest.json."""
-        return _run("publish")
+        """Publish atomically: files, then _SUCCESS, then latest.json; then announce it as an Asset event."""
+        result = _run("publish")
+        get_current_context()["outlet_events"][PUBLISHED_DATASET].extra = {
+            key: result[key] for key in ("uri", "version", "num_records", "num_rejected", "splits", "latest")}
+        return result
 
     shard_tasks = plan(split(inspect_images(discover())))
     publish(validate(write_shards.expand(task_index=shard_tasks)))

@@ -195,3 +195,27 @@ def test_sample_command_is_deterministic(tmp_path: Path) -> None:
     for rel in files_a:
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
     shutil.rmtree(tmp_path / "b")
+
+
+def test_class_ids_stay_stable_across_versions(sample_dir: Path, tmp_path: Path) -> None:
+    """A new version keeps the ids of earlier classes, appends new ones, and never reuses an id."""
+    first = tmp_path / "first"
+    for cls in ("squares", "triangles", "circles"):
+        shutil.copytree(sample_dir / cls, first / cls)
+    second = tmp_path / "second"
+    shutil.copytree(sample_dir / "circles", second / "circles")  # squares disappear, triangles stay
+    shutil.copytree(sample_dir / "triangles", second / "triangles")
+    shutil.copytree(sample_dir / "squares", second / "aardvarks")  # a new class, sorting first
+    dest = tmp_path / "out"
+    for source, version in ((first, "v1"), (second, "v2")):
+        result = run_cli("build", "--source", str(source), "--destination", str(dest), "--dataset", "d",
+                         "--version", version)
+        assert result.returncode == 0, result.stderr
+    v1, _ = read_version(Storage(), str(dest / "d" / "v1"))
+    v2, splits = read_version(Storage(), str(dest / "d" / "v2"))
+    assert v1["classes"] == ["circles", "squares", "triangles"] and v1["previous_version"] is None
+    assert v2["classes"] == ["circles", "squares", "triangles", "aardvarks"] and v2["previous_version"] == "v1"
+    for record in (r for split in splits.values() for r in split):
+        assert v2["classes"][record["image/class/label"]] == record["image/class/text"].decode()
+    assert {r["image/class/text"].decode() for s in splits.values() for r in s} == {"circles", "triangles",
+                                                                                      "aardvarks"}

@@ -26,6 +26,19 @@ def dags_test(airflow_env: dict[str, str], server: S3Server, logical_date: str,
                           env=env, capture_output=True, text=True, timeout=900)
 
 
+def asset_events(airflow_env: dict[str, str]) -> list[dict]:
+    """The extra of every image_tfrecords Asset event in the Airflow database, oldest first."""
+    code = ("import json; from sqlalchemy import select; from airflow.utils.session import create_session; "
+            "from airflow.models.asset import AssetEvent, AssetModel\n"
+            "with create_session() as s:\n"
+            "    rows = s.execute(select(AssetEvent.extra).join(AssetModel, AssetModel.id == AssetEvent.asset_id)"
+            ".where(AssetModel.name == 'image_tfrecords').order_by(AssetEvent.id)).scalars().all()\n"
+            "    print('RESULT' + json.dumps(list(rows)))")
+    result = subprocess.run([sys.executable, "-c", code], env=airflow_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.split("RESULT", 1)[1])
+
+
 def shard_digests(manifest: dict) -> dict[str, list[tuple[str, str]]]:
     return {s: [(x["file"], x["sha256"]) for x in i["shards"]] for s, i in manifest["splits"].items()}
 
@@ -61,6 +74,22 @@ def test_dag_publishes_to_s3_and_reruns_identically(airflow_env: dict[str, str],
     assert shard_digests(manifest2) == shard_digests(manifest)
     assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261102T020000Z"}
 
+    events = [e for e in asset_events(airflow_env) if e["uri"].startswith(root)]
+    assert [e["version"] for e in events][-2:] == ["20261101T020000Z", "20261102T020000Z"]
+    assert events[-1] == {"uri": f"{root}/20261102T020000Z", "version": "20261102T020000Z", "num_records": 60,
+                          "num_rejected": 0, "splits": manifest2["splits"] and
+                          {k: v["num_records"] for k, v in manifest2["splits"].items()},
+                          "latest": "20261102T020000Z"}
+
+    consumer = subprocess.run(
+        [AIRFLOW, "dags", "test", "image_tfrecords_consumer", "2026-11-02T03:00:00+00:00"], capture_output=True,
+        text=True, timeout=600, env={**airflow_env, "AIRFLOW_CONN_AWS_DEFAULT": s3_server.airflow_connection(),
+                                     "IMAGE_TFRECORDS_DESTINATION": f"s3://{bucket}/datasets",
+                                     "IMAGE_TFRECORDS_DATASET": "shapes"})
+    assert consumer.returncode == 0, consumer.stdout[-3000:] + consumer.stderr[-3000:]
+    assert f"new dataset version 20261102T020000Z at {root}/20261102T020000Z: 60 records, 3 classes" in \
+        consumer.stdout + consumer.stderr
+
     before = {f.key: s3_storage.sha256_of(f"{root}/{f.key}") for f in s3_storage.iter_files(root)}
     rerun = dags_test(airflow_env, s3_server, "2026-11-01T02:00:00+00:00", conf)  # an older date, again
     assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]
@@ -88,6 +117,7 @@ def test_bad_params_fail_fast_without_retries(airflow_env: dict[str, str], s3_se
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "split fractions must sum to 1" in output
+    assert "image_tfrecords FAILED: run " in output and "task discover" in output  # the failure notice
     assert "up_for_retry" not in output
     assert not any(tmp_path.rglob("_SUCCESS"))
 

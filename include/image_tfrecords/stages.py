@@ -105,7 +105,9 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     inspected = _staged(cfg, INSPECTED)
     with read_rows(storage, inspected) as rows:
         resolver = DuplicateResolver((r["filename"], r["label"], r["sha256"]) for r in rows)
-    classes = sorted(resolver.kept_labels())
+    previous = previous_version(storage, cfg)
+    known = read_json(storage, join(cfg.dataset_uri, previous, MANIFEST))["classes"] if previous else []
+    classes = known + sorted(resolver.kept_labels() - set(known))  # ids never change once given
     class_ids = {name: i for i, name in enumerate(classes)}
     per_split: dict[str, Counter[str]] = {name: Counter() for name in cfg.splits}
     reasons: Counter[str] = Counter()
@@ -128,8 +130,9 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 per_split[split]["records"] += 1
                 per_split[split]["bytes"] += int(row["encoded_bytes"])
     skipped = read_json(storage, _staged(cfg, DISCOVER_SUMMARY))["skipped"]
-    summary = {"classes": classes, "num_records": labels.count, "num_rejected": rejects.count,
-               "num_skipped": skipped, "rejects_by_reason": dict(sorted(reasons.items())),
+    summary = {"classes": classes, "previous_version": previous, "num_records": labels.count,
+               "num_rejected": rejects.count, "num_skipped": skipped,
+               "rejects_by_reason": dict(sorted(reasons.items())),
                "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
                           for name, c in per_split.items()}}
     write_json(storage, _staged(cfg, SPLIT_SUMMARY), summary)
@@ -142,6 +145,16 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                          f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {_staged(cfg, REJECTS)}")
     return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
         "num_classes": len(classes)}
+
+
+def previous_version(storage: Storage, cfg: BuildConfig) -> str | None:
+    """The newest published version (one with _SUCCESS) that sorts before ``cfg.version``."""
+    if not (is_s3(cfg.dataset_uri) or os.path.isdir(cfg.dataset_uri)):
+        return None
+    published = {info.key.split("/")[0] for info in storage.iter_files(cfg.dataset_uri)
+                 if info.key.count("/") == 1 and info.key.endswith("/" + SUCCESS)}
+    earlier = [v for v in published if version_key(v) < version_key(cfg.version)]
+    return max(earlier, key=version_key) if earlier else None
 
 
 # -- 4. plan ----------------------------------------------------------------------------------------
@@ -347,6 +360,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, A
         "dataset": cfg.dataset, "version": cfg.version, "num_records": summary["num_records"],
         "num_rejected": summary["num_rejected"], "num_skipped": summary["num_skipped"],
         "rejects_by_reason": summary["rejects_by_reason"], "classes": summary["classes"],
+        "previous_version": summary["previous_version"],
         "compression": cfg.compression, "features": feature_spec(), "splits": splits,
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
                                          "shard_size_mb": cfg.shard_size_mb},

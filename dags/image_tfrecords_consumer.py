@@ -1,0 +1,62 @@
+"""
+### image_tfrecords_consumer: an example of data-aware scheduling on the published dataset
+
+Runs whenever `image_tfrecords` publishes a version (the `image_tfrecords` Asset). It reads the new
+version's `dataset_info.json` from the URI in the Asset event and logs a summary: the place to start
+a training or evaluation job. Triggered by hand (no event), it summarises the version `latest.json`
+names under IMAGE_TFRECORDS_DESTINATION / IMAGE_TFRECORDS_DATASET.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.sdk import Asset, dag, get_current_context, task
+
+log = logging.getLogger(__name__)
+PUBLISHED_DATASET = Asset.ref(name="image_tfrecords")  # defined by the image_tfrecords DAG
+
+
+@dag(
+    dag_id="image_tfrecords_consumer",
+    schedule=[PUBLISHED_DATASET],
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["tfrecords", "ml-datasets", "example"],
+    doc_md=__doc__,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(minutes=10)},
+)
+def image_tfrecords_consumer() -> None:
+    @task
+    def summarize_new_version() -> dict[str, Any]:
+        """Read the published manifest named by the triggering event and log what it holds."""
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from include.image_tfrecords.storage import Storage
+
+        context = get_current_context()
+        events = [e for asset_events in context["triggering_asset_events"].values() for e in asset_events]
+        storage = Storage(lambda: S3Hook(aws_conn_id="aws_default").get_conn())
+        if events:
+            version_uri = events[-1].extra["uri"]
+        else:  # a manual run: the newest complete version at the default destination
+            root = f"{os.environ.get('IMAGE_TFRECORDS_DESTINATION', 's3://datasets/image-tfrecords').rstrip('/')}/" \
+                   f"{os.environ.get('IMAGE_TFRECORDS_DATASET', 'images')}"
+            version_uri = f"{root}/{json.loads(storage.read_bytes(root + '/latest.json'))['version']}"
+        manifest = json.loads(storage.read_bytes(f"{version_uri}/dataset_info.json"))
+        summary = {"uri": version_uri, "version": manifest["version"], "num_records": manifest["num_records"],
+                   "classes": len(manifest["classes"]),
+                   "splits": {name: split["num_records"] for name, split in manifest["splits"].items()}}
+        log.info("new dataset version %s at %s: %d records, %d classes, splits %s", summary["version"],
+                 version_uri, summary["num_records"], summary["classes"], summary["splits"])
+        return summary
+
+    summarize_new_version()
+
+
+image_tfrecords_consumer()
