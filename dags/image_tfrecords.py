@@ -5,7 +5,9 @@ Every night (02:00 UTC), on a manual trigger, or in a backfill, this DAG builds 
 version from a source of images (a local folder or an `s3://` prefix; one folder per class, or a
 `labels.csv` in the source root) and publishes it atomically:
 
-1. **discover** lists the source (image files by extension; others are skipped and counted);
+1. **discover** lists the source (image files by extension; others are skipped and counted) and
+   fingerprints the listing and params; **source_changed** skips the rest (shown as skipped) when
+   they match the previous published version's, unless the `force` param is set;
 2. **inspect_images** hashes, identifies and fully decodes every image (bad ones become rejects);
 3. **split** resolves duplicates and assigns each image to a split from a salted hash of its
    content, then writes `labels.csv` and `rejects.csv`;
@@ -16,7 +18,8 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    moves `latest.json` forward.
 
 All intermediate files live under `DEST/DATASET/_staging/VERSION/` in the store, never on a
-worker's disk. The **version** is the run's logical date as `YYYYMMDDTHHMMSSZ` (UTC), or the
+worker's disk. Scheduled runs and backfills see the source as of their logical date (files modified at
+or before it); manual runs see everything. The **version** is the run's logical date as `YYYYMMDDTHHMMSSZ` (UTC), or the
 run id when a run has no logical date, unless the `version` param names one. Reruns of a run
 write the same bytes. S3 access uses the Airflow connection `aws_default`.
 """
@@ -65,6 +68,9 @@ PARAMS = {
     "max_reject_fraction": Param(0.2, type="number", minimum=0, maximum=1, title="Max reject share",
                                  description="Fail before publishing if more than this share of the files is "
                                              "rejected (corrupt, duplicate, unsupported...)."),
+    "force": Param(False, type="boolean", title="Rebuild even if unchanged",
+                   description="Build and publish even when the source listing and params are the same as "
+                               "the previous published version's (otherwise the run skips the work)."),
     "version": Param(None, type=["null", "string"], title="Version (optional)",
                      description="Override the version name; empty means the run's logical date."),
 }
@@ -92,6 +98,17 @@ def notify_failure(context: Any) -> None:
               ti.try_number, run_version(context), context.get("exception"))
 
 
+def snapshot_as_of(context: Any) -> str | None:
+    """The snapshot time of a run: scheduled runs and backfills see the source as of their logical
+    date (files modified at or before it); manual runs see everything present when they start."""
+    run_type = getattr(context["dag_run"], "run_type", None)
+    run_type = str(getattr(run_type, "value", run_type))
+    logical_date = context.get("logical_date")
+    if run_type in ("scheduled", "backfill") and logical_date is not None:
+        return logical_date.in_timezone("UTC").isoformat()
+    return None
+
+
 def _s3_client() -> Any:
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
@@ -116,7 +133,7 @@ def _run(stage: str, **kwargs: Any) -> Any:
         cfg = BuildConfig(source=params["source"], destination=params["destination"], dataset=params["dataset"],
                           version=run_version(context), splits=params["splits"], salt=params["salt"],
                           shard_size_mb=params["shard_size_mb"], compression=params["compression"],
-                          max_reject_fraction=params["max_reject_fraction"])
+                          max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context))
         function = getattr(stages, f"{stage}_stage", None) or getattr(stages, stage)
         return function(cfg, Storage(_s3_client), **kwargs)
     except (ConfigError, stages.BuildError, StorageError) as exc:
@@ -147,8 +164,18 @@ def image_tfrecords() -> None:
         """List the source into the staging area."""
         return _run("discover")
 
+    @task.short_circuit
+    def source_changed(found: dict[str, Any]) -> bool:
+        """Skip everything downstream when nothing changed since the previous published version."""
+        if found["unchanged_since"] and not get_current_context()["params"]["force"]:
+            log.info("source listing and params unchanged since version %s: nothing new to build",
+                     found["unchanged_since"])
+            _run("discard")
+            return False
+        return True
+
     @task
-    def inspect_images(found: dict[str, Any]) -> dict[str, Any]:
+    def inspect_images() -> dict[str, Any]:
         """Hash and fully decode every candidate image."""
         return _run("inspect")
 
@@ -184,7 +211,10 @@ def image_tfrecords() -> None:
             key: result[key] for key in ("uri", "version", "num_records", "num_rejected", "splits", "latest")}
         return result
 
-    shard_tasks = plan(split(inspect_images(discover())))
+    found = discover()
+    inspected = inspect_images()
+    source_changed(found) >> inspected
+    shard_tasks = plan(split(inspected))
     publish(validate(write_shards.expand(task_index=shard_tasks)))
 
 

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,32 @@ def test_class_ids_stay_stable_across_versions(sample_dir: Path, tmp_path: Path)
         assert v2["classes"][record["image/class/label"]] == record["image/class/text"].decode()
     assert {r["image/class/text"].decode() for s in splits.values() for r in s} == {"circles", "triangles",
                                                                                       "aardvarks"}
+
+
+def test_as_of_builds_the_source_as_it_was(sample_dir: Path, tmp_path: Path) -> None:
+    """Files modified after --as-of are left out, so a backfill reproduces an earlier date's dataset."""
+    import os
+    from datetime import datetime
+
+    source = tmp_path / "src"
+    shutil.copytree(sample_dir, source)
+    old, new = datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 10, 20, tzinfo=UTC)
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    for i, path in enumerate(files):
+        stamp = (old if i % 3 else new).timestamp()
+        os.utime(path, (stamp, stamp))
+    before = {p.relative_to(source).as_posix() for i, p in enumerate(files) if i % 3}
+    dest = tmp_path / "out"
+    result = run_cli("build", "--source", str(source), "--destination", str(dest), "--dataset", "d", "--version",
+                     "20261010", "--as-of", "2026-10-10T00:00:00+00:00")
+    assert result.returncode == 0, result.stderr
+    assert set(labels_by_file(dest / "d" / "20261010" / "labels.csv")) == before
+    manifest = json.loads((dest / "d" / "20261010" / "dataset_info.json").read_text())
+    assert manifest["as_of"] == "2026-10-10T00:00:00+00:00" and manifest["num_records"] == len(before)
+    later = run_cli("build", "--source", str(source), "--destination", str(dest), "--dataset", "d", "--version",
+                    "20261021", "--as-of", "2026-10-21T00:00:00+00:00")
+    assert later.returncode == 0, later.stderr
+    assert len(labels_by_file(dest / "d" / "20261021" / "labels.csv")) == len(files)
+    bad = run_cli("build", "--source", str(source), "--destination", str(dest), "--dataset", "d", "--version", "x",
+                  "--as-of", "yesterday")
+    assert bad.returncode == 2 and "as_of must be an ISO 8601 time" in bad.stderr

@@ -118,7 +118,8 @@ def test_to_dict_round_trips() -> None:
                   max_reject_fraction=0.5)
     assert cfg.to_dict() == {"source": "/data/flowers", "destination": "/data/out", "dataset": "flowers",
                              "version": "v1", "splits": {"a": 0.25, "b": 0.75}, "salt": "pepper",
-                             "shard_size_mb": 0.5, "compression": "gzip", "max_reject_fraction": 0.5}
+                             "shard_size_mb": 0.5, "compression": "gzip", "max_reject_fraction": 0.5,
+                             "as_of": None}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 

@@ -61,7 +61,8 @@ def test_publish_updates_the_asset_the_consumer_is_scheduled_on(dag_info: dict) 
 def test_task_graph(dag_info: dict) -> None:
     tasks = dag_info["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
-        "discover": [], "inspect_images": ["discover"], "split": ["inspect_images"], "plan": ["split"],
+        "discover": [], "source_changed": ["discover"], "inspect_images": ["source_changed"],
+        "split": ["inspect_images"], "plan": ["split"],
         "write_shards": ["plan"], "validate": ["write_shards"], "publish": ["validate"]}
     writer = tasks["write_shards"]
     assert writer["mapped"] is True
@@ -89,7 +90,7 @@ def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
     assert dag_info["params"]["compression"]["schema"]["enum"] == ["none", "gzip"]
     for name, param in dag_info["params"].items():
         assert param["schema"].get("title") and param["description"], name
-    BuildConfig(**{k: v for k, v in params.items() if k != "version"}, version="20261101T020000Z")
+    BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force")}, version="20261101T020000Z")
 
 
 @pytest.mark.parametrize("dag_file", ["image_tfrecords.py", "image_tfrecords_consumer.py"])
@@ -116,3 +117,21 @@ def test_run_version_rule() -> None:
     assert run_version({"params": {"version": "v7"}, "logical_date": date, "run_id": "x"}) == "v7"
     assert run_version({"params": {}, "logical_date": None,
                         "run_id": "manual__2026-11-01T02:00:00+00:00"}) == "manual__2026-11-01T02-00-00-00-00"
+
+
+def test_snapshot_rule_by_run_type() -> None:
+    import types
+
+    import pendulum
+
+    sys.path.insert(0, str(ROOT / "dags"))
+    try:
+        from image_tfrecords import snapshot_as_of
+    finally:
+        sys.path.remove(str(ROOT / "dags"))
+    date = pendulum.datetime(2026, 11, 1, 2, 0, tz="UTC")
+    for run_type, expected in (("scheduled", "2026-11-01T02:00:00+00:00"), ("backfill", "2026-11-01T02:00:00+00:00"),
+                               ("manual", None), ("asset_triggered", None)):
+        context = {"dag_run": types.SimpleNamespace(run_type=run_type), "logical_date": date}
+        assert snapshot_as_of(context) == expected, run_type
+    assert snapshot_as_of({"dag_run": types.SimpleNamespace(run_type="scheduled"), "logical_date": None}) is None

@@ -68,7 +68,16 @@ def test_dag_publishes_to_s3_and_reruns_identically(airflow_env: dict[str, str],
     assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261101T020000Z"}
     assert not list(s3_storage.iter_files(f"{root}/_staging"))
 
-    second = dags_test(airflow_env, s3_server, "2026-11-02T02:00:00+00:00", conf)
+    unchanged = dags_test(airflow_env, s3_server, "2026-11-02T02:00:00+00:00", conf)  # same source, same params
+    output = unchanged.stdout + unchanged.stderr
+    assert unchanged.returncode == 0, output[-5000:]
+    assert "unchanged since version 20261101T020000Z: nothing new to build" in output
+    assert "[DAG TEST] starting task_id=inspect_images" not in output  # skipped, like everything after it
+    assert not s3_storage.exists(f"{root}/20261102T020000Z/_SUCCESS")
+    assert not list(s3_storage.iter_files(f"{root}/_staging"))
+    assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261101T020000Z"}
+
+    second = dags_test(airflow_env, s3_server, "2026-11-02T02:00:00+00:00", {**conf, "force": True})
     assert second.returncode == 0, second.stdout[-5000:] + second.stderr[-5000:]
     manifest2, _ = read_version(s3_storage, f"{root}/20261102T020000Z")
     assert shard_digests(manifest2) == shard_digests(manifest)

@@ -66,7 +66,8 @@ def test_store_outage_during_shards_and_publish_is_retried(own_server: seaweedfs
     log_path = tmp_path / "dags-test.log"
     env = {**airflow_env, "AIRFLOW_CONN_AWS_DEFAULT": server.airflow_connection(),
            "IMAGE_TFRECORDS_RETRY_DELAY_SECONDS": "8"}
-    conf = {"source": str(sample_dir), "destination": "s3://data/ds", "dataset": "shapes", "shard_size_mb": 0.05}
+    conf = {"source": str(sample_dir), "destination": "s3://data/ds", "dataset": "shapes", "shard_size_mb": 0.05,
+            "force": True}
     with open(log_path, "w") as log:
         run = subprocess.Popen([AIRFLOW, "dags", "test", "image_tfrecords", "2026-11-02T00:00:00+00:00",
                                 "-c", json.dumps(conf)], env=env, stdout=log, stderr=subprocess.STDOUT)

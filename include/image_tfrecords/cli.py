@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="fail, publishing nothing, if more than this share of files is rejected (default 0.2)")
     build.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="processes writing and validating shards (default: CPU count)")
+    build.add_argument("--as-of", help="only files modified at or before this ISO 8601 time (default: all)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     sample = commands.add_parser("sample", help="write a small demo image folder")
     sample.add_argument("out")
@@ -142,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = BuildConfig(source=args.source, destination=args.destination, dataset=args.dataset,
                           version=args.version or default_version(), splits=parse_splits(args.splits),
                           salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression,
-                          max_reject_fraction=args.max_reject_fraction)
+                          max_reject_fraction=args.max_reject_fraction, as_of=args.as_of)
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         storage = Storage()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from .storage import is_s3, join
@@ -63,6 +64,7 @@ class BuildConfig:
     shard_size_mb: float = 100.0
     compression: str = "none"
     max_reject_fraction: float = 0.2
+    as_of: str | None = None  # ISO 8601 time: only files modified at or before it (None: all)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", check_splits(self.splits))
@@ -82,9 +84,24 @@ class BuildConfig:
         if isinstance(self.shard_size_mb, bool) or not isinstance(self.shard_size_mb, int | float) \
                 or not 0 < self.shard_size_mb <= 4096:
             raise ConfigError(f"shard_size_mb must be a number in (0, 4096], not {self.shard_size_mb!r}")
+        if self.as_of is not None:
+            try:
+                if datetime.fromisoformat(self.as_of).tzinfo is None:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError(f"as_of must be an ISO 8601 time with a time zone, not {self.as_of!r}") from None
         if isinstance(self.max_reject_fraction, bool) or not isinstance(self.max_reject_fraction, int | float) \
                 or not 0 <= self.max_reject_fraction <= 1:
             raise ConfigError(f"max_reject_fraction must be a number in [0, 1], not {self.max_reject_fraction!r}")
+
+    @property
+    def cutoff(self) -> datetime | None:
+        return datetime.fromisoformat(self.as_of) if self.as_of else None
+
+    @property
+    def fingerprint_params(self) -> dict[str, Any]:
+        """The settings that decide a build's content (not where it goes or what it is called)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("destination", "version", "as_of")}
 
     @property
     def dataset_uri(self) -> str:

@@ -8,12 +8,15 @@ label, and labels.csv rows that point nowhere, become rejects with a reason.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from .csvio import read_rows
-from .storage import Storage, join
+from .storage import FileInfo, Storage, join
 
 LABELS_FILE = "labels.csv"
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
@@ -35,6 +38,17 @@ class DiscoveryCounts:
     layout: str = "folders"
     listed: int = 0
     skipped: int = 0
+    after_cutoff: int = 0
+    fingerprint: Any = field(default_factory=hashlib.sha256)  # of every (name, size, mtime) listed
+
+    def see(self, info: FileInfo, cutoff: datetime | None) -> bool:
+        """Count a listed file; False if it is newer than the snapshot cutoff (then it is ignored)."""
+        if cutoff is not None and info.modified > cutoff:
+            self.after_cutoff += 1
+            return False
+        self.listed += 1
+        self.fingerprint.update(f"{info.key}\0{info.size}\0{info.modified.isoformat()}\n".encode())
+        return True
 
 
 def looks_like_image(filename: str) -> bool:
@@ -44,20 +58,27 @@ def looks_like_image(filename: str) -> bool:
     return posixpath.splitext(filename)[1].lower() in IMAGE_EXTENSIONS
 
 
-def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None) -> Iterator[Candidate]:
-    """Yield every candidate under ``source`` in a stable order; fill ``counts`` as it goes."""
+def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None,
+             cutoff: datetime | None = None) -> Iterator[Candidate]:
+    """Yield every candidate under ``source`` in a stable order; fill ``counts`` as it goes.
+
+    With a ``cutoff``, files modified after it are ignored (counted in ``after_cutoff``): the source
+    as it was at that time, for scheduled runs and backfills.
+    """
     counts = counts if counts is not None else DiscoveryCounts()
     labels_uri = join(source, LABELS_FILE)
     if storage.exists(labels_uri):
         counts.layout = "labels.csv"
-        yield from _from_labels_file(storage, source, labels_uri, counts)
+        yield from _from_labels_file(storage, source, labels_uri, counts, cutoff)
     else:
-        yield from _from_folders(storage, source, counts)
+        yield from _from_folders(storage, source, counts, cutoff)
 
 
-def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts) -> Iterator[Candidate]:
+def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,
+                  cutoff: datetime | None) -> Iterator[Candidate]:
     for info in storage.iter_files(source):
-        counts.listed += 1
+        if not counts.see(info, cutoff):
+            continue
         if not looks_like_image(info.key):
             counts.skipped += 1
         elif "/" not in info.key:
@@ -77,12 +98,12 @@ def _safe_relative(filename: str) -> str | None:
     return normal
 
 
-def _from_labels_file(storage: Storage, source: str, labels_uri: str,
-                      counts: DiscoveryCounts) -> Iterator[Candidate]:
+def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: DiscoveryCounts,
+                      cutoff: datetime | None) -> Iterator[Candidate]:
     sizes = {}
     for info in storage.iter_files(source):
-        counts.listed += 1
-        sizes[info.key] = info.size
+        if counts.see(info, cutoff):
+            sizes[info.key] = info.size
     seen: set[str] = set()
     with read_rows(storage, labels_uri) as reader:
         if not reader.fieldnames or not {"filename", "label"} <= set(reader.fieldnames):

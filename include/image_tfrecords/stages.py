@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import planning
+from . import __version__, planning
 from .config import BuildConfig
 from .csvio import RowWriter, read_json, read_rows, write_json
 from .discovery import DiscoveryCounts, discover
@@ -60,18 +60,30 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     counts = DiscoveryCounts()
     with RowWriter(storage, _staged(cfg, DISCOVERED), ("filename", "label", "num_bytes")) as found, \
             RowWriter(storage, _staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects:
-        for candidate in discover(storage, cfg.source, counts):
+        for candidate in discover(storage, cfg.source, counts, cfg.cutoff):
             if candidate.reason:
                 rejects.write(vars(candidate))
             else:
                 found.write(vars(candidate))
+    counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
+    fingerprint = counts.fingerprint.hexdigest()
+    previous = previous_version(storage, cfg)
+    unchanged = previous if previous and read_json(storage, join(cfg.dataset_uri, previous, MANIFEST)).get(
+        "source_fingerprint") == fingerprint else None
     summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
-               "candidates": found.count, "rejected": rejects.count}
+               "after_cutoff": counts.after_cutoff, "candidates": found.count, "rejected": rejects.count,
+               "fingerprint": fingerprint, "unchanged_since": unchanged}
     write_json(storage, _staged(cfg, DISCOVER_SUMMARY), summary)
     if not found.count:
         raise BuildError(f"no labelled images found under {cfg.source} ({counts.listed} files listed, "
                          f"{rejects.count} rejected): expected one folder per class or a labels.csv")
     return summary
+
+
+def discard_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Drop this build's staging prefix (when there is nothing new to build)."""
+    storage.delete_tree(cfg.staging_uri)
+    return {"discarded": cfg.staging_uri}
 
 
 # -- 2. inspect (the label CSV's facts) -----------------------------------------------------------
@@ -129,8 +141,10 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 labels.write({**row, "label_id": class_ids[row["label"]], "split": split})
                 per_split[split]["records"] += 1
                 per_split[split]["bytes"] += int(row["encoded_bytes"])
-    skipped = read_json(storage, _staged(cfg, DISCOVER_SUMMARY))["skipped"]
-    summary = {"classes": classes, "previous_version": previous, "num_records": labels.count,
+    found = read_json(storage, _staged(cfg, DISCOVER_SUMMARY))
+    skipped = found["skipped"]
+    summary = {"classes": classes, "previous_version": previous, "source_fingerprint": found["fingerprint"],
+               "num_records": labels.count,
                "num_rejected": rejects.count, "num_skipped": skipped,
                "rejects_by_reason": dict(sorted(reasons.items())),
                "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
@@ -360,7 +374,8 @@ def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, A
         "dataset": cfg.dataset, "version": cfg.version, "num_records": summary["num_records"],
         "num_rejected": summary["num_rejected"], "num_skipped": summary["num_skipped"],
         "rejects_by_reason": summary["rejects_by_reason"], "classes": summary["classes"],
-        "previous_version": summary["previous_version"],
+        "previous_version": summary["previous_version"], "source_fingerprint": summary["source_fingerprint"],
+        "as_of": cfg.as_of,
         "compression": cfg.compression, "features": feature_spec(), "splits": splits,
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
                                          "shard_size_mb": cfg.shard_size_mb},
