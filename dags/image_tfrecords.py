@@ -48,30 +48,32 @@ PUBLISHED_DATASET = Asset(name="image_tfrecords", group="ml-datasets")
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
 
 PARAMS = {
-    "source": Param(DEFAULT_SOURCE, type="string", minLength=1, title="Source",
+    "source": Param(DEFAULT_SOURCE, type="string", minLength=1, section="Input", title="Source",
                     description="Local folder or s3://bucket/prefix holding one folder per class "
                                 "(or a labels.csv with columns filename,label)."),
-    "destination": Param(DEFAULT_DESTINATION, type="string", minLength=1, title="Destination",
+    "destination": Param(DEFAULT_DESTINATION, type="string", minLength=1, section="Output", title="Destination",
                          description="Local folder or s3://bucket/prefix; the dataset is published "
                                      "under DESTINATION/DATASET/VERSION/."),
     "dataset": Param(DEFAULT_DATASET, type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                     title="Dataset name", description="Folder name of the dataset under the destination."),
-    "splits": Param({"train": 0.8, "validation": 0.1, "test": 0.1}, type="object", title="Splits",
+                     section="Output", title="Dataset name",
+                     description="Folder name of the dataset under the destination."),
+    "splits": Param({"train": 0.8, "validation": 0.1, "test": 0.1}, type="object", section="Splits", title="Splits",
                     description="Split name -> fraction of images; fractions must sum to 1. "
                                 "Changing them reassigns images."),
-    "salt": Param("", type="string", title="Split salt",
+    "salt": Param("", type="string", section="Splits", title="Split salt",
                   description="Seeds the split assignment; keep it fixed so images never move."),
-    "shard_size_mb": Param(100, type="number", exclusiveMinimum=0, maximum=4096, title="Shard size (MB)",
+    "shard_size_mb": Param(100, type="number", exclusiveMinimum=0, maximum=4096, section="Build",
+                           title="Shard size (MB)",
                            description="Target size of each TFRecord shard, in MB (10^6 bytes)."),
-    "compression": Param("none", type="string", enum=["none", "gzip"], title="Compression",
+    "compression": Param("none", type="string", enum=["none", "gzip"], section="Build", title="Compression",
                          description="none writes .tfrecord files; gzip writes .tfrecord.gz."),
-    "max_reject_fraction": Param(0.2, type="number", minimum=0, maximum=1, title="Max reject share",
+    "max_reject_fraction": Param(0.2, type="number", minimum=0, maximum=1, section="Build", title="Max reject share",
                                  description="Fail before publishing if more than this share of the files is "
                                              "rejected (corrupt, duplicate, unsupported...)."),
-    "force": Param(False, type="boolean", title="Rebuild even if unchanged",
+    "force": Param(False, type="boolean", section="Build", title="Rebuild even if unchanged",
                    description="Build and publish even when the source listing and params are the same as "
                                "the previous published version's (otherwise the run skips the work)."),
-    "version": Param(None, type=["null", "string"], title="Version (optional)",
+    "version": Param(None, type=["null", "string"], section="Output", title="Version (optional)",
                      description="Override the version name; empty means the run's logical date."),
 }
 

@@ -90,6 +90,7 @@ def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
     assert dag_info["params"]["compression"]["schema"]["enum"] == ["none", "gzip"]
     for name, param in dag_info["params"].items():
         assert param["schema"].get("title") and param["description"], name
+        assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build"), name
     BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force")}, version="20261101T020000Z")
 
 
