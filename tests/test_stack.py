@@ -1,0 +1,259 @@
+"""The full stack, without Docker: PostgreSQL, SeaweedFS, and Airflow's scheduler, dag-processor,
+triggerer and api-server with the LocalExecutor, driven through the REST API and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from include.image_tfrecords.storage import Storage
+from tests.tf_reader import read_version
+from tools import seaweedfs
+
+ROOT = Path(__file__).resolve().parent.parent
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def _ensure_postgres() -> None:
+    if (PG_BIN / "postgres").exists():
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql-15"], check=True,
+                   env=env, capture_output=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server of its own on 127.0.0.1 (Debian's package); yields a SQLAlchemy URL."""
+    _ensure_postgres()
+    base = Path(tempfile.mkdtemp(prefix="image-tfrecords-pg-"))
+    user = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
+    if user:
+        shutil.chown(base, "postgres", "postgres")
+    data, port = base / "data", seaweedfs.free_ports(1)[0]
+    subprocess.run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "airflow", "-A", "trust", "-E", "UTF8",
+                    "--no-sync"], check=True, capture_output=True, timeout=120, **user)
+    with open(base / "postgres.log", "wb") as log:
+        server = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-k", str(base),
+                                   "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **user)
+    try:
+        _wait(lambda: subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                                     capture_output=True).returncode == 0, 60, "PostgreSQL")
+        subprocess.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "airflow", "airflow"],
+                       check=True, capture_output=True, timeout=60)
+        yield f"postgresql+psycopg2://airflow@127.0.0.1:{port}/airflow"
+    finally:
+        server.send_signal(signal.SIGINT)  # fast shutdown
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 0.5) -> Any:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            result = predicate()
+        except OSError:
+            result = None
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Stack:
+    """Airflow components as processes of their own, stopped by PID (process group)."""
+
+    def __init__(self, env: dict[str, str], api_port: int, logs: Path) -> None:
+        self.env, self.api, self.logs = env, f"http://127.0.0.1:{api_port}", logs
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.token = ""
+
+    def start(self) -> None:
+        for command in (["scheduler"], ["dag-processor"], ["triggerer"],
+                        ["api-server", "--host", "127.0.0.1", "--port", self.api.rsplit(":", 1)[1]]):
+            with open(self.logs / f"{command[0]}.log", "wb") as log:
+                self.processes.append(subprocess.Popen([AIRFLOW, *command], env=self.env, stdout=log,
+                                                       stderr=subprocess.STDOUT, start_new_session=True))
+        _wait(lambda: urllib.request.urlopen(f"{self.api}/api/v2/monitor/health", timeout=5).status == 200, 180,
+              "the api-server")
+        with urllib.request.urlopen(f"{self.api}/auth/token", timeout=10) as response:  # all-admins mode
+            self.token = json.loads(response.read())["access_token"]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        request = urllib.request.Request(f"{self.api}/api/v2{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {self.token}",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+    def wait_run(self, run_id: str, timeout: float = 300) -> dict:
+        quoted = urllib.request.quote(run_id, safe="")
+
+        def finished() -> dict | None:
+            run = self.call("GET", f"/dags/image_tfrecords/dagRuns/{quoted}")
+            return run if run["state"] in ("success", "failed") else None
+
+        run = _wait(finished, timeout, f"run {run_id}", interval=2)
+        assert run["state"] == "success", self.diagnose(run_id)
+        return run
+
+    def task_instances(self, run_id: str) -> list[dict]:
+        quoted = urllib.request.quote(run_id, safe="")
+        return self.call("GET", f"/dags/image_tfrecords/dagRuns/{quoted}/taskInstances?limit=1000")["task_instances"]
+
+    def diagnose(self, run_id: str) -> str:
+        states = [(t["task_id"], t["map_index"], t["state"]) for t in self.task_instances(run_id)]
+        tails = {p.name: p.read_text(errors="replace")[-1500:] for p in self.logs.glob("*.log")}
+        return json.dumps({"task_states": states, "logs": tails}, indent=1)[-8000:]
+
+
+def _images(sample_dir: Path, target: Path, names: list[Path], mtime: datetime) -> None:
+    for path in names:
+        dest = target / path.relative_to(sample_dir)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+        os.utime(dest, (mtime.timestamp(), mtime.timestamp()))
+
+
+def _splits(storage: Storage, version_uri: str) -> dict[str, str]:
+    rows = csv.DictReader(io.StringIO(storage.read_text(f"{version_uri}/labels.csv")))
+    return {row["filename"]: row["split"] for row in rows}
+
+
+def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: seaweedfs.S3Server, bucket: str,
+                                                      s3_storage: Storage, sample_dir: Path, tmp_path: Path) -> None:
+    started = time.monotonic()
+    source = tmp_path / "incoming"
+    images = sorted(p for p in sample_dir.rglob("*") if p.is_file())
+    days = [datetime(2026, 11, d, 1, 0, tzinfo=UTC) for d in (10, 11, 12)]
+    for i, day in enumerate(days):  # a third of the images arrives before each night's run
+        _images(sample_dir, source, images[i::3], day)
+    api_port = seaweedfs.free_ports(1)[0]
+    home = tmp_path / "airflow"
+    (home / "logs").mkdir(parents=True)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "AWS_"))},
+        "AIRFLOW_HOME": str(home), "PYTHONPATH": str(ROOT),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "false", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres,
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True", "AIRFLOW__API_AUTH__JWT_SECRET": "stack-test",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False", "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW_CONN_AWS_DEFAULT": s3_server.airflow_connection(),
+        "IMAGE_TFRECORDS_SOURCE": str(source), "IMAGE_TFRECORDS_DESTINATION": f"s3://{bucket}/datasets",
+        "IMAGE_TFRECORDS_DATASET": "nightly", "IMAGE_TFRECORDS_RETRY_DELAY_SECONDS": "5",
+    }
+    subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
+    stack = Stack(env, api_port, home / "logs")
+    try:
+        stack.start()
+        _wait(lambda: stack.call("GET", "/dags/image_tfrecords"), 180, "the DAG to be parsed", interval=2)
+        stack.call("PATCH", "/dags/image_tfrecords", {"is_paused": False})
+
+        # 0. Unpaused, the scheduler starts the latest nightly run (catchup is off): the whole source.
+        def scheduled_run() -> dict | None:
+            runs = stack.call("GET", "/dags/image_tfrecords/dagRuns?run_type=scheduled&limit=10")["dag_runs"]
+            return runs[0] if runs else None
+
+        nightly = stack.wait_run(_wait(scheduled_run, 180, "the scheduled run", interval=2)["dag_run_id"])
+        nightly_version = datetime.fromisoformat(nightly["logical_date"]).strftime("%Y%m%dT%H%M%SZ")
+        root = f"s3://{bucket}/datasets/nightly"
+        assert read_version(s3_storage, f"{root}/{nightly_version}")[0]["num_records"] == len(images)
+
+        # 1. A manual run from the REST API, with a conf: small shards, so several write in parallel.
+        now = datetime.now(UTC).replace(microsecond=0)
+        run = stack.call("POST", "/dags/image_tfrecords/dagRuns", {
+            "logical_date": now.isoformat(), "conf": {"dataset": "manual", "shard_size_mb": 0.02}})
+        stack.wait_run(run["dag_run_id"])
+        manual_uri = f"s3://{bucket}/datasets/manual/{now.strftime('%Y%m%dT%H%M%SZ')}"
+        manifest, splits = read_version(s3_storage, manual_uri)
+        assert manifest["num_records"] == len(images) == sum(len(r) for r in splits.values())
+        writers = [t for t in stack.task_instances(run["dag_run_id"]) if t["task_id"] == "write_shards"]
+        assert len(writers) == sum(len(s["shards"]) for s in manifest["splits"].values()) > 2
+        spans = sorted((datetime.fromisoformat(t["start_date"]), datetime.fromisoformat(t["end_date"]))
+                       for t in writers)
+        overlaps = sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
+        assert overlaps > 0, f"shard tasks ran one after another: {spans}"
+        assert {t["rendered_map_index"] for t in writers} == {
+            s["file"] for split in manifest["splits"].values() for s in split["shards"]}
+
+        # 2. A backfill over three past nights: each run sees the source as of its logical date.
+        subprocess.run([AIRFLOW, "backfill", "create", "--dag-id", "image_tfrecords", "--from-date",
+                        "2026-11-10T00:00:00+00:00", "--to-date", "2026-11-12T03:00:00+00:00"], env=env, check=True,
+                       capture_output=True, timeout=300)
+        versions = [d.strftime("%Y%m%dT020000Z") for d in days]
+
+        def backfill_done() -> list[dict] | None:
+            runs = stack.call("GET", "/dags/image_tfrecords/dagRuns?run_type=backfill&limit=100")["dag_runs"]
+            done = [r for r in runs if r["state"] in ("success", "failed")]
+            return runs if len(runs) == 3 and len(done) == 3 else None
+
+        backfill = _wait(backfill_done, 600, "the backfill runs", interval=3)
+        for backfill_run in backfill:
+            assert backfill_run["state"] == "success", stack.diagnose(backfill_run["dag_run_id"])
+        counts = [read_version(s3_storage, f"{root}/{v}")[0]["num_records"] for v in versions]
+        assert counts == [len(images[0::3]), len(images[0::3]) + len(images[1::3]), len(images)]
+        # Backfilled versions are older than the nightly one: latest.json never moves back.
+        assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": nightly_version}
+        first, last = _splits(s3_storage, f"{root}/{versions[0]}"), _splits(s3_storage, f"{root}/{versions[-1]}")
+        assert all(last[name] == split for name, split in first.items()), "earlier images keep their split"
+
+        # 3. The next night, nothing new: the run skips the work and publishes nothing. (One backfill
+        # at a time per DAG: wait until the scheduler has marked the first one completed.)
+        _wait(lambda: all(b["completed_at"] for b in stack.call("GET", "/backfills?dag_id=image_tfrecords")[
+            "backfills"]), 120, "the first backfill to be marked completed", interval=2)
+        subprocess.run([AIRFLOW, "backfill", "create", "--dag-id", "image_tfrecords", "--from-date",
+                        "2026-11-13T00:00:00+00:00", "--to-date", "2026-11-13T03:00:00+00:00"], env=env, check=True,
+                       capture_output=True, timeout=300)
+
+        def quiet_night() -> dict | None:
+            runs = stack.call("GET", "/dags/image_tfrecords/dagRuns?run_type=backfill&limit=100")["dag_runs"]
+            night = [r for r in runs if r["logical_date"].startswith("2026-11-13")]
+            return night[0] if night and night[0]["state"] in ("success", "failed") else None
+
+        night = _wait(quiet_night, 300, "the unchanged night's run", interval=3)
+        assert night["state"] == "success", stack.diagnose(night["dag_run_id"])
+        states = {t["task_id"]: t["state"] for t in stack.task_instances(night["dag_run_id"])}
+        assert states["source_changed"] == "success"
+        assert {states[t] for t in ("inspect_images", "split", "plan", "validate", "publish")} == {"skipped"}
+        assert not s3_storage.exists(f"{root}/20261113T020000Z/_SUCCESS")
+        assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": nightly_version}
+    finally:
+        stack.stop()
+    print(f"stack test wall time {time.monotonic() - started:.0f} s; overlapping shard task pairs {overlaps}")
