@@ -45,6 +45,9 @@ DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", "images")
 # Asset whose URI changed under the same name would be deactivated); each event's extra says what
 # was published: URI, version and counts.
 PUBLISHED_DATASET = Asset(name="image_tfrecords", group="ml-datasets")
+# Shard writing runs in this pool; the project's setup creates "image_tfrecords" (docker compose's
+# airflow-init: `airflow pools set image_tfrecords 4 ...`) and points IMAGE_TFRECORDS_POOL at it.
+POOL = os.environ.get("IMAGE_TFRECORDS_POOL", "default_pool")
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
 
 PARAMS = {
@@ -191,7 +194,7 @@ def image_tfrecords() -> None:
         """Plan the shards; returns one index per write task (small: at most max_map_length)."""
         return list(range(_run("plan")["num_tasks"]))
 
-    @task(map_index_template="{{ shard_label }}", max_active_tis_per_dagrun=8)
+    @task(map_index_template="{{ shard_label }}", max_active_tis_per_dagrun=8, pool=POOL)
     def write_shards(task_index: int) -> dict[str, Any]:
         """Write this task's shard(s) of the plan to staging."""
         receipts = _run("write_task", task_index=task_index)

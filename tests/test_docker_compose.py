@@ -601,3 +601,11 @@ def test_docker_compose_config_accepts_the_file() -> None:
     destination = scheduler["environment"]["IMAGE_TFRECORDS_DESTINATION"]
     assert destination == CONTRACT_ENV["IMAGE_TFRECORDS_DESTINATION"]
     assert scheduler["depends_on"]["sample-data"]["condition"] == COMPLETED
+
+
+def test_airflow_init_creates_the_pool_the_dag_uses(services: Services, env: Env) -> None:
+    pool = env["IMAGE_TFRECORDS_POOL"]
+    assert re.search(rf"airflow pools set {re.escape(pool)} \d+ ", init_script(services)), \
+        "airflow-init must create the pool"
+    dag = (ROOT / "dags" / "image_tfrecords.py").read_text()
+    assert 'os.environ.get("IMAGE_TFRECORDS_POOL"' in dag and "pool=POOL" in dag

@@ -178,8 +178,11 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
         "AIRFLOW_CONN_AWS_DEFAULT": s3_server.airflow_connection(),
         "IMAGE_TFRECORDS_SOURCE": str(source), "IMAGE_TFRECORDS_DESTINATION": f"s3://{bucket}/datasets",
         "IMAGE_TFRECORDS_DATASET": "nightly", "IMAGE_TFRECORDS_RETRY_DELAY_SECONDS": "5",
+        "IMAGE_TFRECORDS_POOL": "image_tfrecords",
     }
     subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run([AIRFLOW, "pools", "set", "image_tfrecords", "4", "image_tfrecords shard writing"], env=env,
+                   check=True, capture_output=True, timeout=120)  # the project's setup, as in docker compose
     stack = Stack(env, api_port, home / "logs")
     try:
         stack.start()
@@ -206,6 +209,7 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
         assert manifest["num_records"] == len(images) == sum(len(r) for r in splits.values())
         writers = [t for t in stack.task_instances(run["dag_run_id"]) if t["task_id"] == "write_shards"]
         assert len(writers) == sum(len(s["shards"]) for s in manifest["splits"].values()) > 2
+        assert {t["pool"] for t in writers} == {"image_tfrecords"}
         spans = sorted((datetime.fromisoformat(t["start_date"]), datetime.fromisoformat(t["end_date"]))
                        for t in writers)
         overlaps = sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
