@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,14 +106,20 @@ def test_parsing_the_dag_imports_no_heavy_modules(airflow_env: dict[str, str], d
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
+def dag_module() -> Any:
+    """The DAG file imported as a module (for its pure helper functions)."""
+    sys.path.insert(0, str(ROOT / "dags"))
+    try:
+        import image_tfrecords
+    finally:
+        sys.path.remove(str(ROOT / "dags"))
+    return image_tfrecords
+
+
 def test_run_version_rule() -> None:
     import pendulum
 
-    sys.path.insert(0, str(ROOT / "dags"))
-    try:
-        from image_tfrecords import run_version
-    finally:
-        sys.path.remove(str(ROOT / "dags"))
+    run_version = dag_module().run_version
     date = pendulum.datetime(2026, 11, 1, 2, 0, tz="Europe/Paris")
     assert run_version({"params": {}, "logical_date": date, "run_id": "x"}) == "20261101T010000Z"
     assert run_version({"params": {"version": "v7"}, "logical_date": date, "run_id": "x"}) == "v7"
@@ -125,11 +132,7 @@ def test_snapshot_rule_by_run_type() -> None:
 
     import pendulum
 
-    sys.path.insert(0, str(ROOT / "dags"))
-    try:
-        from image_tfrecords import snapshot_as_of
-    finally:
-        sys.path.remove(str(ROOT / "dags"))
+    snapshot_as_of = dag_module().snapshot_as_of
     date = pendulum.datetime(2026, 11, 1, 2, 0, tz="UTC")
     for run_type, expected in (("scheduled", "2026-11-01T02:00:00+00:00"), ("backfill", "2026-11-01T02:00:00+00:00"),
                                ("manual", None), ("asset_triggered", None)):

@@ -72,7 +72,7 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         "source_fingerprint") == fingerprint else None
     summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
                "after_cutoff": counts.after_cutoff, "candidates": found.count, "rejected": rejects.count,
-               "fingerprint": fingerprint, "unchanged_since": unchanged}
+               "fingerprint": fingerprint, "previous_version": previous, "unchanged_since": unchanged}
     write_json(storage, _staged(cfg, DISCOVER_SUMMARY), summary)
     if not found.count:
         raise BuildError(f"no labelled images found under {cfg.source} ({counts.listed} files listed, "
@@ -117,7 +117,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     inspected = _staged(cfg, INSPECTED)
     with read_rows(storage, inspected) as rows:
         resolver = DuplicateResolver((r["filename"], r["label"], r["sha256"]) for r in rows)
-    previous = previous_version(storage, cfg)
+    found = read_json(storage, _staged(cfg, DISCOVER_SUMMARY))
+    previous = found["previous_version"]
     known = read_json(storage, join(cfg.dataset_uri, previous, MANIFEST))["classes"] if previous else []
     classes = known + sorted(resolver.kept_labels() - set(known))  # ids never change once given
     class_ids = {name: i for i, name in enumerate(classes)}
@@ -141,7 +142,6 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 labels.write({**row, "label_id": class_ids[row["label"]], "split": split})
                 per_split[split]["records"] += 1
                 per_split[split]["bytes"] += int(row["encoded_bytes"])
-    found = read_json(storage, _staged(cfg, DISCOVER_SUMMARY))
     skipped = found["skipped"]
     summary = {"classes": classes, "previous_version": previous, "source_fingerprint": found["fingerprint"],
                "num_records": labels.count,
