@@ -161,3 +161,30 @@ def test_duplicates_and_conflicts_are_rejected_not_lost(tmp_path: Path, sample_d
     assert manifest["num_records"] == 2 and manifest["num_rejected"] == 4
     assert manifest["classes"] == ["a", "b"]
     assert manifest["rejects_by_reason"] == {"corrupt": 1, "duplicate": 1, "label_conflict": 2}
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_file_that_vanishes_before_inspection_is_rejected(where: str, sample_dir: Path, tmp_path: Path,
+                                                            request: pytest.FixtureRequest) -> None:
+    """Listed, then gone before it is read: a reject (unreadable), not a failed task, on both stores."""
+    import shutil
+
+    if where == "s3":
+        storage, bucket = request.getfixturevalue("s3_storage"), request.getfixturevalue("bucket")
+        for path in sample_dir.rglob("*"):
+            if path.is_file():
+                storage.write_bytes(f"s3://{bucket}/src/{path.relative_to(sample_dir).as_posix()}", path.read_bytes())
+        source, dest = f"s3://{bucket}/src", f"s3://{bucket}/out"
+    else:
+        storage, source, dest = Storage(), str(tmp_path / "src"), str(tmp_path / "out")
+        shutil.copytree(sample_dir, source)
+    cfg = BuildConfig(source=source, destination=dest, dataset="d", version="v")
+    stages.discover_stage(cfg, storage)
+    gone = "circles/circle_000.jpg"
+    if where == "s3":
+        storage.s3.delete_object(Bucket=bucket, Key=f"src/{gone}")
+    else:
+        (Path(source) / gone).unlink()
+    assert stages.inspect_stage(cfg, storage)["rejected"] == 1
+    rejects = storage.read_text(join(cfg.staging_uri, "rejects-inspect.csv")).splitlines()
+    assert rejects == ["filename,reason,detail", f"{gone},unreadable,file disappeared"]

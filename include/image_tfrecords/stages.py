@@ -249,7 +249,10 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
             return receipt
 
     def fetch(row: dict[str, str]) -> tuple[dict[str, str], bytes]:
-        return row, storage.read_bytes(join(cfg.source, row["filename"]))
+        try:
+            return row, storage.read_bytes(join(cfg.source, row["filename"]))
+        except FileNotFoundError:
+            raise BuildError(f"{row['filename']} disappeared since it was inspected; rerun the build") from None
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, shard)

@@ -183,11 +183,19 @@ class Storage:
             raise
 
     def read_bytes(self, uri: str) -> bytes:
+        """The file's bytes; FileNotFoundError if it does not exist (local or S3 alike)."""
         if not is_s3(uri):
             with open(uri, "rb") as f:
                 return f.read()
+        from botocore.exceptions import ClientError
+
         bucket, key = split_s3(uri)
-        return self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"].read()
+        try:
+            return self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(uri) from exc
+            raise
 
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode("utf-8")
