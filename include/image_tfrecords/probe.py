@@ -139,8 +139,13 @@ def _encode(image: Any, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def _needs_transcoding(fmt: str, image: Any) -> bool:
+    """Not a JPEG/PNG, a CMYK/YCCK JPEG, or not upright: the record cannot store the file as is."""
+    return fmt not in ("jpeg", "png") or image.mode in ("CMYK", "YCCK") or _orientation(image) not in (1, 0)
+
+
 def _transcode(data: bytes, fmt: str, max_pixels: int) -> tuple[str, str, bytes]:
-    """(stored format, transform, stored bytes) for an image that is not stored as is, or ("", "", b"")."""
+    """(stored format, transform, stored bytes) for an image that ``_needs_transcoding``."""
     from PIL import ImageOps
 
     image = _open(data, fmt, max_pixels)
@@ -151,9 +156,7 @@ def _transcode(data: bytes, fmt: str, max_pixels: int) -> tuple[str, str, bytes]
         if rotate:
             image = ImageOps.exif_transpose(image)
         return "jpeg", "cmyk_to_rgb" + ("+exif_rotate" if rotate else ""), _encode(image, "jpeg")
-    if fmt in ("jpeg", "png"):
-        if not rotate:
-            return "", "", b""
+    if fmt in ("jpeg", "png"):  # so it is not upright
         image.load()
         return fmt, "exif_rotate", _encode(ImageOps.exif_transpose(image), fmt)
     image.load()
@@ -176,17 +179,14 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
     image, size = _decode_checked(data, fmt, max_pixels)
     sha = hashlib.sha256(data).hexdigest()
     stored_format, transform, encoded = fmt, "", data
-    if fmt not in ("jpeg", "png") or image.mode in ("CMYK", "YCCK") or _orientation(image) not in (1, 0):
+    if _needs_transcoding(fmt, image):
         try:
             stored_format, transform, encoded = _transcode(data, fmt, max_pixels)
         except RejectedImage:
             raise
         except Exception as exc:
             raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
-        if not transform:
-            stored_format, encoded = fmt, data
-        else:
-            image, size = _decode_checked(encoded, stored_format, max_pixels)
+        image, size = _decode_checked(encoded, stored_format, max_pixels)
     channels = _channels(stored_format, image)
     if not channels:
         raise RejectedImage("unsupported_format", f"{stored_format} in colour mode {image.mode}")
@@ -201,14 +201,12 @@ def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:
     return prepare_image(data, max_pixels)[0]
 
 
-def stored_bytes(data: bytes, expected: ImageFacts | dict[str, str]) -> bytes:
-    """The bytes a record stores for source ``data``, checked against what inspection recorded."""
-    transform = expected.transform if isinstance(expected, ImageFacts) else expected.get("transform", "")
-    if not transform:
+def stored_bytes(data: bytes, row: dict[str, str]) -> bytes:
+    """The bytes a record stores for source ``data``, checked against its labels.csv ``row``."""
+    if not row.get("transform"):
         return data
     facts, encoded = prepare_image(data)
-    want = expected.encoded_sha256 if isinstance(expected, ImageFacts) else expected["encoded_sha256"]
-    if facts.encoded_sha256 != want:
+    if facts.encoded_sha256 != row["encoded_sha256"]:
         raise ValueError("transcoding gave different bytes than at inspection (a different Pillow?)")
     return encoded
 
