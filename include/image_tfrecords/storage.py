@@ -84,6 +84,11 @@ def default_s3_client() -> Any:
     return boto3.client("s3", config=config, region_name=os.environ.get("AWS_REGION", "us-east-1"))
 
 
+def _is_missing(exc: Exception) -> bool:
+    """True for the S3 errors that mean the object (key) does not exist."""
+    return getattr(exc, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
+
+
 class StoreUnreachable(RuntimeError):
     """The S3 endpoint does not answer; retrying later may help (Airflow retries these)."""
 
@@ -178,7 +183,7 @@ class Storage:
             self._s3_call(uri, "head_object", Bucket=bucket, Key=key)
             return True
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if _is_missing(exc):
                 return False
             raise
 
@@ -193,7 +198,7 @@ class Storage:
         try:
             return self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"].read()
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            if _is_missing(exc):
                 raise FileNotFoundError(uri) from exc
             raise
 
@@ -282,7 +287,7 @@ class Storage:
         try:
             obj = self._s3_call(uri, "get_object", Bucket=bucket, Key=key)
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if _is_missing(exc):
                 return None, None
             raise
         return obj["Body"].read(), obj["ETag"]
