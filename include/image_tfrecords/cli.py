@@ -84,13 +84,16 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True,
     storage = storage or Storage()
     workers = max(1, workers)
     found = stages.discover_stage(cfg, storage)
-    with _Bar(progress, "inspect", found["candidates"]) as bar:
-        stages.inspect_stage(cfg, storage, workers=max(2, workers * 2), progress=bar)
-    split = stages.split_stage(cfg, storage)
-    plan = stages.plan_stage(cfg, storage)
-    shard_files = [f for task in range(plan["num_tasks"]) for f in stages.task_shards(cfg, storage, task)]
-    results: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Inline() as pool:
+        with _Bar(progress, "inspect", found["candidates"]) as bar:
+            if workers > 1:
+                stages.inspect_stage(cfg, storage, workers=workers, progress=bar, processes=pool)
+            else:
+                stages.inspect_stage(cfg, storage, workers=2, progress=bar)
+        split = stages.split_stage(cfg, storage)
+        plan = stages.plan_stage(cfg, storage)
+        shard_files = [f for task in range(plan["num_tasks"]) for f in stages.task_shards(cfg, storage, task)]
+        results: list[dict[str, Any]] = []
         with _Bar(progress, "write", split["num_records"]) as bar:
             for receipt in pool.map(partial(stages.write_shard, cfg, storage), shard_files):
                 bar(receipt["num_records"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ JPEG_QUALITY = 95
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: libpng (and TensorFlow) need it
 _ORIENTATION = 0x0112
 _OBJECT_REPR = re.compile(r" ?<[^<>]* at 0x[0-9a-fA-F]+>")
+_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # samples per pixel by IHDR colour type
 
 
 class RejectedImage(Exception):
@@ -98,12 +100,19 @@ def _open(data: bytes, fmt: str, max_pixels: int) -> Any:
 
 
 def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[int, int]]:
-    """Open and fully decode; returns the image and its full size; raise RejectedImage if broken."""
+    """Open and check the whole bitstream; returns the image and its full size; raise RejectedImage if broken.
+
+    JPEGs are decoded in draft mode; non-interlaced PNGs are checked without building pixels
+    (``_check_png_stream``), others are fully decoded.
+    """
     try:
         image = _open(data, fmt, max_pixels)
         size = image.size  # before draft mode shrinks it
         if getattr(image, "n_frames", 1) > 1:
             raise RejectedImage("multi_frame", f"{fmt} with {image.n_frames} frames")
+        if fmt == "png" and not image.info.get("interlace"):
+            _check_png_stream(data)
+            return image, size
         if fmt == "jpeg":
             image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
         image.load()
@@ -114,6 +123,44 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
         raise
     except Exception as exc:  # Pillow raises many types for broken data
         raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _check_png_stream(data: bytes) -> None:
+    """Check a non-interlaced PNG the way libpng reads it, without unfiltering pixels.
+
+    Every chunk's CRC, an IEND chunk, IDAT that inflates (zlib's Adler-32 included) to exactly
+    one filter byte plus one row of samples per row, and valid filter types. ISA-L inflates about
+    6x faster than a full decode.
+    """
+    import numpy as np
+    from isal import isal_zlib
+
+    pos, idat, header = 8, [], b""
+    while True:
+        if pos + 12 > len(data):
+            raise RejectedImage("corrupt", "PNG ends before its IEND chunk")
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        end = pos + 8 + length
+        if end + 4 > len(data):
+            raise RejectedImage("corrupt", f"PNG chunk {kind!r} is cut short")
+        if isal_zlib.crc32(data[pos + 4:end]) != struct.unpack_from(">I", data, end)[0]:
+            raise RejectedImage("corrupt", f"PNG chunk {kind!r} fails its CRC")
+        if kind == b"IHDR":
+            header = data[pos + 8:end]
+        elif kind == b"IDAT":
+            idat.append(data[pos + 8:end])
+        elif kind == b"IEND":
+            break
+        pos = end + 4
+    width, height, depth, colour = struct.unpack_from(">IIBB", header)
+    stride = 1 + (width * depth * _PNG_SAMPLES[colour] + 7) // 8
+    inflater = isal_zlib.decompressobj()
+    raw = inflater.decompress(b"".join(idat), height * stride + 1)
+    if not inflater.eof or len(raw) != height * stride:
+        raise RejectedImage("corrupt", f"PNG image data holds {len(raw)} bytes, not the {height * stride} "
+                                       f"its {width}x{height} header needs (or its zlib stream is cut)")
+    if np.frombuffer(raw, np.uint8)[::stride].max() > 4:
+        raise RejectedImage("corrupt", "PNG row with an unknown filter type")
 
 
 def _channels(fmt: str, image: Any) -> int:
@@ -139,9 +186,13 @@ def _encode(image: Any, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def _needs_transcoding(fmt: str, image: Any) -> bool:
+def _needs_transcoding(data: bytes, fmt: str, image: Any) -> bool:
     """Not a JPEG/PNG, a CMYK/YCCK JPEG, or not upright: the record cannot store the file as is."""
-    return fmt not in ("jpeg", "png") or image.mode in ("CMYK", "YCCK") or _orientation(image) not in (1, 0)
+    if fmt not in ("jpeg", "png") or image.mode in ("CMYK", "YCCK"):
+        return True
+    if fmt == "png" and b"eXIf" not in data:  # no EXIF, so upright (and getexif() would decode the pixels)
+        return False
+    return _orientation(image) not in (1, 0)
 
 
 def _transcode(data: bytes, fmt: str, max_pixels: int) -> tuple[str, str, bytes]:
@@ -179,7 +230,7 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
     image, size = _decode_checked(data, fmt, max_pixels)
     sha = hashlib.sha256(data).hexdigest()
     stored_format, transform, encoded = fmt, "", data
-    if _needs_transcoding(fmt, image):
+    if _needs_transcoding(data, fmt, image):
         try:
             stored_format, transform, encoded = _transcode(data, fmt, max_pixels)
         except RejectedImage:

@@ -16,6 +16,8 @@ import re
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from functools import partial
 from typing import Any
 
 from . import __version__, planning
@@ -24,10 +26,10 @@ from .csvio import RowWriter, read_json, read_rows, write_json
 from .discovery import DiscoveryCounts, discover
 from .example import decode_example, encode_example
 from .manifest import FEATURES, LABELS_FIELDS, REJECTS_FIELDS, example_features, feature_spec
-from .parallel import ordered_map
+from .parallel import batched_map, ordered_map
 from .probe import RejectedImage, inspect_image, stored_bytes
 from .splitting import DuplicateResolver, assign_split
-from .storage import Storage, StorageError, is_s3, join, sha256_file
+from .storage import HashingWriter, Storage, StorageError, is_s3, join, sha256_file
 from .tfrecord import CorruptRecordError, TFRecordWriter, read_records
 
 Progress = Callable[[int], None]
@@ -99,13 +101,19 @@ def _inspect_one(storage: Storage, source: str, row: dict[str, str]) -> dict[str
     return {"filename": row["filename"], "label": row["label"], **vars(facts)}
 
 
-def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4,
-                  progress: Progress = _no_progress) -> dict[str, Any]:
-    """Hash, identify and fully decode every candidate; ``workers`` threads (decoders release the GIL)."""
+def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress: Progress = _no_progress,
+                  processes: Executor | None = None) -> dict[str, Any]:
+    """Hash, identify and fully decode every candidate.
+
+    Runs on ``workers`` threads (decoders release the GIL), or on the ``processes`` pool (with
+    ``workers`` processes) when given, which also spreads the per-file Python work.
+    """
+    inspect = partial(_inspect_one, storage, cfg.source)
     with read_rows(storage, _staged(cfg, DISCOVERED)) as rows, \
             RowWriter(storage, _staged(cfg, INSPECTED), INSPECTED_FIELDS) as good, \
             RowWriter(storage, _staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects:
-        for result in ordered_map(lambda r: _inspect_one(storage, cfg.source, r), rows, workers):
+        results = batched_map(inspect, rows, processes, workers) if processes else ordered_map(inspect, rows, workers)
+        for result in results:
             (rejects if "reason" in result else good).write(result)
             progress(1)
     return {"inspected": good.count, "rejected": rejects.count}
@@ -254,10 +262,10 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
         except FileNotFoundError:
             raise BuildError(f"{row['filename']} disappeared since it was inspected; rerun the build") from None
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=_local_dir(_staged(cfg, "shards"))) as tmp:
         path = os.path.join(tmp, shard)
-        with read_rows(storage, members_uri) as rows, open(path, "wb") as raw, \
-                TFRecordWriter(raw, cfg.compression) as writer:
+        with read_rows(storage, members_uri) as rows, open(path, "wb") as file, \
+                TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
             for row, data in ordered_map(fetch, rows, read_workers):
                 if hashlib.sha256(data).hexdigest() != row["sha256"]:
                     raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
@@ -267,11 +275,20 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
                     raise BuildError(f"{row['filename']}: {exc}") from exc
                 writer.write(encode_example(example_features(row, encoded)))
                 progress(1)
-        receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": os.path.getsize(path),
-                   "sha256": sha256_file(path), "members_sha256": members_sha}
+        receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": raw.num_bytes,
+                   "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha}
         storage.upload(path, _staged(cfg, "shards", shard), receipt["sha256"])
     write_json(storage, receipt_uri, receipt)
     return receipt
+
+
+def _local_dir(uri: str) -> str | None:
+    """For a local staging folder, the folder itself (made if needed), so finished files are hard-linked
+    into place rather than copied; None (the system's temp dir) for S3."""
+    if is_s3(uri):
+        return None
+    os.makedirs(uri, exist_ok=True)
+    return uri
 
 
 # -- 6. validate ------------------------------------------------------------------------------------
@@ -408,11 +425,7 @@ def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     manifest = read_json(storage, staged_manifest)
     for split in manifest["splits"].values():
         for shard in split["shards"]:
-            target = join(final, shard["file"])
-            storage.copy(_staged(cfg, "shards", shard["file"]), target)
-            held = storage.sha256_of(target)
-            if held is not None and held != shard["sha256"]:
-                raise BuildError(f"published {target} has sha256 {held}, expected {shard['sha256']}")
+            storage.copy(_staged(cfg, "shards", shard["file"]), join(final, shard["file"]), shard["sha256"])
     for name in (LABELS, REJECTS, MANIFEST):
         storage.copy(_staged(cfg, name), join(final, name))
     manifest_sha = hashlib.sha256(storage.read_bytes(join(final, MANIFEST))).hexdigest()

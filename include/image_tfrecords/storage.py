@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -61,6 +62,23 @@ def sha256_file(path: str) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class HashingWriter:
+    """A binary file wrapper that hashes (SHA-256) and counts what is written through it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.num_bytes += len(data)
+        return self._file.write(data)
+
+    def flush(self) -> None:
+        self._file.flush()
 
 
 def default_s3_client() -> Any:
@@ -235,19 +253,34 @@ class Storage:
             with open(path, "rb") as body:
                 self._s3_call(uri, "put_object", Bucket=bucket, Key=key, Body=body, ChecksumSHA256=checksum)
             return
-        self._atomic_local(uri, lambda f: _copy_into(path, f))
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        if not _link_local(path, uri):
+            self._atomic_local(uri, lambda f: _copy_into(path, f))
 
-    def copy(self, src: str, dst: str) -> None:
-        """Copy one file within the same kind of storage (server-side on S3)."""
+    def copy(self, src: str, dst: str, sha256: str | None = None) -> None:
+        """Copy one file within the same kind of storage: server-side on S3, a hard link on one local disk.
+
+        With ``sha256``, the copy is checked against it (S3 hashes it server-side; a hard link is the same
+        file; a local byte copy is hashed on the way) and StorageError is raised on a mismatch.
+        """
         if is_s3(src) != is_s3(dst):
             raise StorageError("copy between local and S3 storage is not supported")
+        held: str | None = sha256
         if is_s3(src):
             sbucket, skey = split_s3(src)
             dbucket, dkey = split_s3(dst)
-            self._s3_call(dst, "copy_object", Bucket=dbucket, Key=dkey,
-                          CopySource={"Bucket": sbucket, "Key": skey}, ChecksumAlgorithm="SHA256")
-            return
-        self._atomic_local(dst, lambda f: _copy_into(src, f))
+            result = self._s3_call(dst, "copy_object", Bucket=dbucket, Key=dkey,
+                                   CopySource={"Bucket": sbucket, "Key": skey}, ChecksumAlgorithm="SHA256")
+            checksum = result.get("CopyObjectResult", {}).get("ChecksumSHA256")
+            if sha256 is not None:
+                held = base64.b64decode(checksum).hex() if checksum else self.sha256_of(dst)
+        elif not _link_local(src, dst):
+            digest = hashlib.sha256()
+            self._atomic_local(dst, lambda f: _copy_into(src, f, digest))
+            held = digest.hexdigest()
+        if sha256 is not None and held != sha256:
+            raise StorageError(f"copy of {src} to {dst} has sha256 {held}, expected {sha256}")
 
     def sha256_of(self, uri: str) -> str | None:
         """The SHA-256 the store holds for an S3 object, or that a local file hashes to."""
@@ -340,6 +373,26 @@ class Storage:
             raise
 
 
-def _copy_into(src: str, f: BinaryIO) -> None:
+def _copy_into(src: str, f: BinaryIO, digest: Any = None) -> None:
     with open(src, "rb") as s:
-        shutil.copyfileobj(s, f, 1 << 20)
+        while chunk := s.read(1 << 20):
+            f.write(chunk)
+            if digest is not None:
+                digest.update(chunk)
+
+
+def _link_local(src: str, dst: str) -> bool:
+    """Make ``dst`` a hard link to ``src``, atomically; False if the file system cannot (another disk)."""
+    directory = os.path.dirname(dst) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(dst)}")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return False
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
