@@ -14,7 +14,10 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 4. **plan** decides the shards of each split (from `shard_size_mb`) and their members;
 5. **write_shards** writes the shards, one mapped task each (named after its shard);
 6. **validate** re-reads every shard (CRCs, schema, counts, checksums, no image in two splits);
-7. **publish** copies the build to `DEST/DATASET/VERSION/`, then writes `_SUCCESS`, then
+7. **card** renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
+   `card/`): records per split and class, sample thumbnails, rejects, shard sizes, changes since
+   the previous version, params;
+8. **publish** copies the build to `DEST/DATASET/VERSION/`, then writes `_SUCCESS`, then
    moves `latest.json` forward.
 
 All intermediate files live under `DEST/DATASET/_staging/VERSION/` in the store, never on a
@@ -208,8 +211,13 @@ def image_tfrecords() -> None:
         """Re-read every staged shard and stage dataset_info.json."""
         return _run("validate")
 
+    @task
+    def card(validated: dict[str, Any]) -> dict[str, Any]:
+        """Render the dataset card (card.md, card.html, charts, sample thumbnails) into staging."""
+        return _run("card")
+
     @task(execution_timeout=timedelta(hours=1), outlets=[PUBLISHED_DATASET])
-    def publish(validated: dict[str, Any]) -> dict[str, Any]:
+    def publish(carded: dict[str, Any]) -> dict[str, Any]:
         """Publish atomically: files, then _SUCCESS, then latest.json; then announce it as an Asset event."""
         result = _run("publish")
         get_current_context()["outlet_events"][PUBLISHED_DATASET].extra = {
@@ -220,7 +228,7 @@ def image_tfrecords() -> None:
     inspected = inspect_images()
     source_changed(found) >> inspected
     shard_tasks = plan(split(inspected))
-    publish(validate(write_shards.expand(task_index=shard_tasks)))
+    publish(card(validate(write_shards.expand(task_index=shard_tasks))))
 
 
 image_tfrecords()

@@ -64,7 +64,7 @@ def test_task_graph(dag_info: dict) -> None:
     assert {k: v["upstream"] for k, v in tasks.items()} == {
         "discover": [], "source_changed": ["discover"], "inspect_images": ["source_changed"],
         "split": ["inspect_images"], "plan": ["split"],
-        "write_shards": ["plan"], "validate": ["write_shards"], "publish": ["validate"]}
+        "write_shards": ["plan"], "validate": ["write_shards"], "card": ["validate"], "publish": ["card"]}
     writer = tasks["write_shards"]
     assert writer["mapped"] is True
     assert writer["map_index_template"] == "{{ shard_label }}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,11 @@ def test_dag_publishes_to_s3_and_reruns_identically(airflow_env: dict[str, str],
     assert s3_storage.exists(f"{root}/20261101T020000Z/_SUCCESS")
     assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261101T020000Z"}
     assert not list(s3_storage.iter_files(f"{root}/_staging"))
+    card = s3_storage.read_text(f"{root}/20261101T020000Z/card.md")  # the dataset card is published too
+    assert "# Dataset card: shapes 20261101T020000Z" in card and "This is the first version" in card
+    for png in re.findall(r"\]\((card/[^)]+\.png)\)", card):
+        assert s3_storage.read_bytes(f"{root}/20261101T020000Z/{png}")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"data:image/png;base64," in s3_storage.read_bytes(f"{root}/20261101T020000Z/card.html")
 
     unchanged = dags_test(airflow_env, s3_server, "2026-11-02T02:00:00+00:00", conf)  # same source, same params
     output = unchanged.stdout + unchanged.stderr
@@ -81,6 +87,7 @@ def test_dag_publishes_to_s3_and_reruns_identically(airflow_env: dict[str, str],
     assert second.returncode == 0, second.stdout[-5000:] + second.stderr[-5000:]
     manifest2, _ = read_version(s3_storage, f"{root}/20261102T020000Z")
     assert shard_digests(manifest2) == shard_digests(manifest)
+    assert "| images added | 0 |" in s3_storage.read_text(f"{root}/20261102T020000Z/card.md")
     assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261102T020000Z"}
 
     events = [e for e in asset_events(airflow_env) if e["uri"].startswith(root)]

@@ -255,7 +255,7 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
         assert night["state"] == "success", stack.diagnose(night["dag_run_id"])
         states = {t["task_id"]: t["state"] for t in stack.task_instances(night["dag_run_id"])}
         assert states["source_changed"] == "success"
-        assert {states[t] for t in ("inspect_images", "split", "plan", "validate", "publish")} == {"skipped"}
+        assert {states[t] for t in ("inspect_images", "split", "plan", "validate", "card", "publish")} == {"skipped"}
         assert not s3_storage.exists(f"{root}/20261113T020000Z/_SUCCESS")
         assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": nightly_version}
     finally:

@@ -102,6 +102,7 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True,
                 results.append(result)
                 bar(result["num_records"])
     stages.validate_stage(cfg, storage, results)
+    stages.card_stage(cfg, storage)
     return stages.publish_stage(cfg, storage)
 
 

@@ -40,6 +40,7 @@ DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-disc
 INSPECTED, INSPECT_REJECTS = "inspected.csv", "rejects-inspect.csv"
 LABELS, REJECTS, SPLIT_SUMMARY = "labels.csv", "rejects.csv", "split.json"
 PLAN, MANIFEST, SUCCESS, LATEST = "plan.json", "dataset_info.json", "_SUCCESS", "latest.json"
+CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
 INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
                     "source_format", "transform", "encoded_sha256", "encoded_bytes")
 
@@ -404,7 +405,44 @@ def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, A
     return {"num_records": manifest["num_records"], "num_shards": sum(len(s["shards"]) for s in splits.values())}
 
 
-# -- 7. publish -------------------------------------------------------------------------------------
+# -- 7. dataset card -------------------------------------------------------------------------------
+def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
+    """A callable giving a fresh iterator over the CSV rows at ``uri`` each time."""
+    def rows() -> Iterator[dict[str, str]]:
+        with read_rows(storage, uri) as it:
+            yield from it
+    return rows
+
+
+def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Render the dataset card (card.md, card.html, card/*.png) of the validated build into staging."""
+    from .card import PreviousVersion, build_card
+
+    manifest = read_json(storage, _staged(cfg, MANIFEST))
+    previous = None
+    if manifest["previous_version"]:
+        earlier = join(cfg.dataset_uri, manifest["previous_version"])
+        previous = PreviousVersion(read_json(storage, join(earlier, MANIFEST)), _rows(storage, join(earlier, LABELS)))
+
+    def fetch_image(row: dict[str, str]) -> bytes | None:
+        """The record's image bytes, from the source (None if it changed or vanished since the build)."""
+        try:
+            data = storage.read_bytes(join(cfg.source, row["filename"]))
+            if hashlib.sha256(data).hexdigest() != row["sha256"]:
+                return None
+            return stored_bytes(data, row)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    files = build_card(manifest, _rows(storage, _staged(cfg, LABELS)), _rows(storage, _staged(cfg, REJECTS)),
+                       previous, fetch_image)
+    for name in sorted(files):
+        storage.write_bytes(_staged(cfg, CARD, name), files[name])
+    write_json(storage, _staged(cfg, CARD_INDEX), sorted(files))
+    return {"files": len(files), "bytes": sum(map(len, files.values()))}
+
+
+# -- 8. publish -------------------------------------------------------------------------------------
 def version_key(version: str) -> list[Any]:
     """Natural sort key: ``v2 < v10``; timestamps sort chronologically."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", version)]
@@ -426,6 +464,8 @@ def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     for split in manifest["splits"].values():
         for shard in split["shards"]:
             storage.copy(_staged(cfg, "shards", shard["file"]), join(final, shard["file"]), shard["sha256"])
+    for name in read_json(storage, _staged(cfg, CARD_INDEX)):
+        storage.copy(_staged(cfg, CARD, name), join(final, name))
     for name in (LABELS, REJECTS, MANIFEST):
         storage.copy(_staged(cfg, name), join(final, name))
     manifest_sha = hashlib.sha256(storage.read_bytes(join(final, MANIFEST))).hexdigest()

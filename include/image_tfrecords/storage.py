@@ -362,6 +362,7 @@ class Storage:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path))
         try:
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; published files are for every reader
             with os.fdopen(fd, "wb") as f:
                 fill(f)
                 f.flush()

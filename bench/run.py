@@ -1,0 +1,406 @@
+"""`make bench`: the project's build against the seed-style converters and the copy floor.
+
+    python bench/run.py [--rounds 3] [--scale 10000,100000] [--out BENCHMARKS.md]
+    python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
+
+Main table, on the flowers-sized corpus of ``../shared/bench/make_corpus.py`` (run from its folder),
+every contender once per round in a rotating order, the median of ``--rounds``:
+
+(a) ``bench/seed_convert.py --threads 1``: the tutorials' converter, one process;
+(b) the same with 2 threads, as build_image_data.py does;
+(c) ``cp -r`` of the corpus: the I/O floor;
+(d) ``python -m include.image_tfrecords build`` with ``--workers 1`` and ``--workers 2`` into a local
+    folder, validation included;
+(e) the DAG end to end into SeaweedFS under ``airflow dags test``.
+
+Scale runs (``--scale``) run each stage as its own process, as the DAG's tasks run (write tasks two at
+a time), and record wall time and peak RSS per stage, the XCom each task would return, and the
+number of mapped tasks. Peak RSS is the largest single process of a command (``wait4``'s maxrss).
+Corpora and outputs live in ``.bench/`` (not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MAKE_CORPUS = ROOT.parent / "shared" / "bench" / "make_corpus.py"
+PY = sys.executable
+AIRFLOW = str(Path(PY).with_name("airflow"))
+sys.path.insert(0, str(ROOT))
+
+
+@dataclass
+class Run:
+    seconds: float
+    rss_mb: float
+    stdout: str = ""
+
+
+@dataclass
+class Contender:
+    key: str
+    label: str
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(r.seconds for r in self.runs)
+
+    @property
+    def rss_mb(self) -> float:
+        return max(r.rss_mb for r in self.runs)
+
+
+def measure(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> Run:
+    """Run ``cmd``; wall seconds and the peak RSS of its largest process (children included)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return Run(seconds, usage.ru_maxrss / 1024, stdout)
+
+
+# -- corpora ---------------------------------------------------------------------------------------
+def make_corpus(images: int, work: Path, parts: int = 1) -> Path:
+    """The make_corpus.py corpus of ``images`` images (cached); big ones are made in ``parts`` processes
+    with seeds 1..parts and merged by hard links (file names are random, so they do not collide)."""
+    target = work / f"corpus-{images}"
+    if (target / ".complete").exists():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    if parts <= 1:
+        subprocess.run([PY, MAKE_CORPUS.name, str(target), "--images", str(images)], cwd=MAKE_CORPUS.parent,
+                       check=True, stdout=subprocess.DEVNULL)
+    else:
+        pieces = [work / f"corpus-{images}.part{i}" for i in range(parts)]
+        procs = [subprocess.Popen([PY, MAKE_CORPUS.name, str(piece), "--images", str(images // parts),
+                                   "--seed", str(i + 1)], cwd=MAKE_CORPUS.parent, stdout=subprocess.DEVNULL)
+                 for i, piece in enumerate(pieces)]
+        if any(p.wait() for p in procs):
+            raise RuntimeError("make_corpus.py failed")
+        for piece in pieces:
+            for path in piece.rglob("*"):
+                if path.is_file():
+                    dest = target / path.relative_to(piece)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(path, dest)
+            shutil.rmtree(piece)
+    (target / ".complete").touch()
+    return target
+
+
+def corpus_facts(corpus: Path) -> tuple[int, int]:
+    files = [p for p in corpus.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+# -- the DAG under `airflow dags test` ------------------------------------------------------------
+class DagRunner:
+    """A migrated SQLite AIRFLOW_HOME and a SeaweedFS server, for `airflow dags test` runs."""
+
+    def __init__(self, work: Path) -> None:
+        from tools import seaweedfs
+
+        self.work = work
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        self.server = seaweedfs.start(str(work / "seaweedfs"))
+        self.server.create_bucket("bench")
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+            "AIRFLOW_HOME": str(work / "airflow"), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "false", "PYTHONPATH": str(ROOT),
+            "AIRFLOW_CONN_AWS_DEFAULT": self.server.airflow_connection(),
+        }
+        subprocess.run([AIRFLOW, "db", "migrate"], env=self.env, check=True, capture_output=True, timeout=600)
+
+    def command(self, corpus: Path, version: str) -> list[str]:
+        conf = {"source": str(corpus), "destination": "s3://bench/dag", "dataset": "flowers", "version": version,
+                "force": True}
+        return [AIRFLOW, "dags", "test", "image_tfrecords", "2026-11-22T00:00:00+00:00", "-c", json.dumps(conf)]
+
+    def xcom_sizes(self) -> list[tuple[str, int, int]]:
+        """(task_id, map_index, bytes) of every XCom in the database."""
+        import sqlite3
+
+        with sqlite3.connect(self.work / "airflow" / "airflow.db") as db:
+            return db.execute("SELECT task_id, map_index, length(value) FROM xcom").fetchall()
+
+    def close(self) -> None:
+        from tools import seaweedfs
+
+        seaweedfs.stop(self.server)
+
+
+# -- main table ------------------------------------------------------------------------------------
+def main_table(corpus: Path, work: Path, rounds: int, dag: DagRunner | None) -> list[Contender]:
+    out = work / "out"
+    cli = [PY, "-m", "include.image_tfrecords", "build", "--source", str(corpus), "--dataset", "flowers",
+           "--no-progress"]
+    contenders = {
+        "a": (Contender("a", "(a) seed-style, 1 process"),
+              lambda d: [PY, "bench/seed_convert.py", "--source", str(corpus), "--output", str(d), "--threads", "1"]),
+        "b": (Contender("b", "(b) seed-style, 2 threads"),
+              lambda d: [PY, "bench/seed_convert.py", "--source", str(corpus), "--output", str(d), "--threads", "2"]),
+        "c": (Contender("c", "(c) cp -r (I/O floor)"), lambda d: ["cp", "-r", str(corpus), str(d)]),
+        "d1": (Contender("d1", "(d) our CLI, --workers 1"),
+               lambda d: [*cli, "--destination", str(d), "--workers", "1"]),
+        "d2": (Contender("d2", "(d) our CLI, --workers 2"),
+               lambda d: [*cli, "--destination", str(d), "--workers", "2"]),
+    }
+    if dag is not None:
+        contenders["e"] = (Contender("e", "(e) DAG, airflow dags test, to SeaweedFS"), None)  # type: ignore[assignment]
+    keys = list(contenders)
+    for number in range(rounds):
+        order = keys[number % len(keys):] + keys[:number % len(keys)]  # rotate, so no contender always goes first
+        for key in order:
+            contender, command = contenders[key]
+            shutil.rmtree(out, ignore_errors=True)
+            if key == "e":
+                assert dag is not None
+                run = measure(dag.command(corpus, f"r{number}"), env=dag.env, cwd=ROOT)
+            else:
+                run = measure(command(out), cwd=ROOT)
+            contender.runs.append(run)
+            print(f"  round {number + 1} {contender.label}: {run.seconds:.2f} s, {run.rss_mb:.0f} MB", flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return [c for c, _ in contenders.values()]
+
+
+# -- stages, each its own process ------------------------------------------------------------------
+STAGE_CODE = """
+import json, sys
+from include.image_tfrecords import stages
+from include.image_tfrecords.config import BuildConfig
+from include.image_tfrecords.storage import Storage
+cfg = BuildConfig(**json.loads(sys.argv[1]))
+stage, args = sys.argv[2], json.loads(sys.argv[3])
+function = getattr(stages, stage + "_stage", None) or getattr(stages, stage)
+print("RESULT" + json.dumps(function(cfg, Storage(), **args)))
+"""
+
+
+def xcom_of(stage: str, result: Any) -> Any:
+    """What the DAG task of ``stage`` returns (so stores as its XCom)."""
+    if stage == "plan":
+        return list(range(result["num_tasks"]))
+    if stage == "write_task":
+        return {"shards": len(result), "num_records": sum(r["num_records"] for r in result),
+                "num_bytes": sum(r["num_bytes"] for r in result)}
+    return result
+
+
+def run_stages(corpus: Path, work: Path) -> dict[str, Any]:
+    """The pipeline one stage per process (write tasks 2 at a time); per stage seconds, RSS, XCom bytes."""
+    dest = work / "stages-out"
+    shutil.rmtree(dest, ignore_errors=True)
+    cfg = json.dumps({"source": str(corpus), "destination": str(dest), "dataset": "scale", "version": "v1"})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def stage(name: str, **args: Any) -> tuple[Run, Any]:
+        run = measure([PY, "-c", STAGE_CODE, cfg, name, json.dumps(args)], env=env, cwd=ROOT)
+        return run, json.loads(run.stdout.split("RESULT", 1)[1])
+
+    report: dict[str, Any] = {"stages": {}}
+    started = time.perf_counter()
+    for name in ("discover", "inspect", "split", "plan"):
+        run, result = stage(name)
+        report["stages"][name] = {"seconds": run.seconds, "rss_mb": run.rss_mb,
+                                  "xcom_bytes": len(json.dumps(xcom_of(name, result)))}
+        if name == "plan":
+            report["mapped_tasks"] = result["num_tasks"]
+            report["shards"] = result["num_shards"]
+    # write tasks, two processes at a time, like two workers
+    write_started = time.perf_counter()
+    pending = list(range(report["mapped_tasks"]))
+    runs: list[tuple[Run, Any]] = []
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda i: stage("write_task", task_index=i), pending))
+    report["stages"]["write_shards"] = {
+        "seconds": time.perf_counter() - write_started, "rss_mb": max(r.rss_mb for r, _ in runs),
+        "xcom_bytes": max(len(json.dumps(xcom_of("write_task", res))) for _, res in runs)}
+    for name in ("validate", "publish"):
+        run, result = stage(name)
+        report["stages"][name] = {"seconds": run.seconds, "rss_mb": run.rss_mb,
+                                  "xcom_bytes": len(json.dumps(xcom_of(name, result)))}
+    report["seconds"] = time.perf_counter() - started
+    shutil.rmtree(dest, ignore_errors=True)
+    return report
+
+
+# -- report ----------------------------------------------------------------------------------------
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown CPU")
+    mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), 0)
+    return (f"{os.cpu_count()} CPUs ({cpu}), {mem} GiB RAM, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}; corpora on the local disk (page cache warm after the first round)")
+
+
+def chart(contenders: list[Contender], images: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
+    labels = [c.label for c in contenders][::-1]
+    seconds = [c.seconds for c in contenders][::-1]
+    colours = ["#4c72b0" if c.key.startswith(("d", "e")) else "#999999" for c in contenders][::-1]
+    bars = ax.barh(labels, seconds, color=colours)
+    for bar, value in zip(bars, seconds, strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.1f} s ({images / value:.0f} img/s)",
+                va="center", fontsize=8)
+    ax.set_xlabel("seconds, median (lower is better)")
+    ax.set_xlim(0, max(seconds) * 1.35)
+    ax.set_title(f"{images} images to validated TFRecords", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+def render(contenders: list[Contender], corpus: tuple[int, int], rounds: int, scale: dict[int, Any],
+           xcoms: list[tuple[str, int, int]], chart_name: str, command: str) -> str:
+    images, nbytes = corpus
+    by_key = {c.key: c for c in contenders}
+    a, c = by_key["a"].seconds, by_key["c"].seconds
+    lines = [
+        "# Benchmarks", "",
+        f"Made by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())}.",
+        f"Machine: {machine()}.", "",
+        f"## {images} images, {nbytes / 1e6:.1f} MB (`make_corpus.py`, flowers-sized)", "",
+        f"Median of {rounds} rounds, contenders in a rotating order. Peak RSS: the largest single process.", "",
+        "| contender | seconds | images/s | MB/s | vs (a) | vs (c) | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in contenders:
+        lines.append(f"| {x.label} | {x.seconds:.2f} | {images / x.seconds:.0f} | {nbytes / 1e6 / x.seconds:.1f} | "
+                     f"{a / x.seconds:.2f}x | {x.seconds / c:.2f} | {x.rss_mb:.0f} |")
+    lines += ["", f"![seconds per contender]({chart_name})", ""]
+    if xcoms:
+        biggest = max(xcoms, key=lambda x: x[2])
+        lines += [f"XComs of the (e) runs: {len(xcoms)}, the largest {biggest[2]} bytes "
+                  f"(`{biggest[0]}`{'' if biggest[1] < 0 else f' map {biggest[1]}'}).", ""]
+    for images_n, report in sorted(scale.items()):
+        lines += [f"## Scale: {images_n} images ({report['megabytes']:.0f} MB), one process per stage", "",
+                  f"{report['seconds']:.1f} s in all, {images_n / report['seconds']:.0f} images/s; "
+                  f"{report['shards']} shards in {report['mapped_tasks']} mapped write tasks.", "",
+                  "| stage | seconds | peak RSS MB | XCom bytes |", "|---|---:|---:|---:|"]
+        for name, s in report["stages"].items():
+            lines.append(f"| {name} | {s['seconds']:.2f} | {s['rss_mb']:.0f} | {s['xcom_bytes']} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def targets(contenders: list[Contender], scale: dict[int, Any], xcoms: list[tuple[str, int, int]],
+            write_seconds: float | None) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for each of issue 5's targets that this run measured."""
+    k = {c.key: c.seconds for c in contenders}
+    rows = [("CLI (--workers 2) >= 10x faster than (a)", f"{k['a'] / k['d2']:.2f}x", k["a"] / k["d2"] >= 10),
+            ("CLI (--workers 2) >= 5x faster than (b)", f"{k['b'] / k['d2']:.2f}x", k["b"] / k["d2"] >= 5)]
+    if write_seconds is not None:
+        rows.append(("shard writing within 3x of (c)", f"{write_seconds / k['c']:.2f}x", write_seconds <= 3 * k["c"]))
+    if "e" in k:
+        rows.append(("DAG under dags test <= 2x the CLI", f"{k['e'] / k['d2']:.2f}x", k["e"] <= 2 * k["d2"]))
+    if xcoms:
+        biggest = max(x[2] for x in xcoms)
+        rows.append(("no XCom over 10 KB (the (e) runs)", f"{biggest} bytes", biggest <= 10_240))
+    if len(scale) >= 2:
+        small, big = (scale[n] for n in sorted(scale)[:1] + sorted(scale)[-1:])
+        n_small, n_big = sorted(scale)[0], sorted(scale)[-1]
+        worst = max(s["rss_mb"] for s in big["stages"].values())
+        growth = max(big["stages"][n]["rss_mb"] / small["stages"][n]["rss_mb"] for n in big["stages"])
+        rate_small, rate_big = n_small / small["seconds"], n_big / big["seconds"]
+        rows += [(f"{n_big}: every stage's peak RSS <= 1 GB", f"{worst:.0f} MB", worst <= 1024),
+                 (f"{n_big}: peak RSS within 20% of {n_small}", f"x{growth:.2f} (worst stage)", growth <= 1.2),
+                 (f"{n_big}: images/s within 20% of {n_small}", f"{rate_big:.0f} vs {rate_small:.0f}",
+                  rate_big >= 0.8 * rate_small),
+                 (f"{n_big}: XCom <= 10 KB, mapped tasks <= 1024",
+                  f"{max(s['xcom_bytes'] for s in big['stages'].values())} bytes, {big['mapped_tasks']} tasks",
+                  max(s["xcom_bytes"] for s in big["stages"].values()) <= 10_240 and big["mapped_tasks"] <= 1024)]
+    return rows
+
+
+def write_alone(corpus: Path, work: Path) -> float:
+    """Seconds of the write stage alone (the stages before it done first), two processes."""
+    report = run_stages(corpus, work)
+    return report["stages"]["write_shards"]["seconds"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--images", type=int, default=3670, help="main table corpus size (default: 3670)")
+    parser.add_argument("--scale", default="10000,100000", help="image counts of the scale runs ('' for none)")
+    parser.add_argument("--no-dag", action="store_true", help="skip (e)")
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="markdown file to write")
+    parser.add_argument("--work", default=str(ROOT / ".bench"), help="corpora and scratch space")
+    parser.add_argument("--smoke", action="store_true", help="tiny corpus, one round, small scale: for tests")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.images, args.scale = 1, 40, "30,60"
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    print(f"corpus of {args.images} images ...", flush=True)
+    corpus = make_corpus(args.images, work)
+    dag = None if args.no_dag else DagRunner(work / "dag")
+    try:
+        contenders = main_table(corpus, work, args.rounds, dag)
+        xcoms = dag.xcom_sizes() if dag else []
+    finally:
+        if dag:
+            dag.close()
+            shutil.rmtree(dag.work, ignore_errors=True)
+    print("write stage alone ...", flush=True)
+    write_seconds = write_alone(corpus, work)
+    scale: dict[int, Any] = {}
+    for images in [int(n) for n in args.scale.split(",") if n.strip()]:
+        print(f"scale run: {images} images ...", flush=True)
+        scaled = make_corpus(images, work, parts=1 if images <= 20_000 else 2)
+        scale[images] = run_stages(scaled, work)
+        scale[images]["megabytes"] = corpus_facts(scaled)[1] / 1e6
+    chart_path = out.with_name("benchmarks.png") if not args.smoke else out.with_suffix(".png")
+    chart(contenders, args.images, chart_path)
+    command = "make bench" if not args.smoke else "bench/run.py --smoke"
+    text = render(contenders, corpus_facts(corpus), args.rounds, scale, xcoms, chart_path.name, command)
+    rows = targets(contenders, scale, xcoms, write_seconds)
+    text += "\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---|---|\n" + "".join(
+        f"| {t} | {m} | {'yes' if ok else '**no**'} |\n" for t, m, ok in rows)
+    out.write_text(text)
+    (out.with_suffix(".json")).write_text(json.dumps(
+        {"contenders": {c.key: {"label": c.label, "seconds": [r.seconds for r in c.runs],
+                                "rss_mb": [r.rss_mb for r in c.runs]} for c in contenders},
+         "write_seconds": write_seconds, "scale": scale, "xcoms": xcoms,
+         "targets": [{"target": t, "measured": m, "met": ok} for t, m, ok in rows]}, indent=1) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

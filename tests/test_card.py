@@ -1,0 +1,400 @@
+"""The dataset card renderer: tables that match the inputs, deterministic PNGs, a self-contained HTML,
+the sample choice, the diff against the previous version, escaping, and a card for a real CLI build."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import random
+import re
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image, ImageDraw
+
+from include.image_tfrecords import card_charts
+from include.image_tfrecords.card import PreviousVersion, build_card
+from include.image_tfrecords.manifest import LABELS_FIELDS, feature_spec
+from tests.test_cli import run_cli
+
+Row = dict[str, str]
+SHARD_BYTES = {"train": [1_000_000, 1_200_000, 900_000], "test": [500_000]}
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def make_image(seed: int, fmt: str = "PNG", size: tuple[int, int] = (64, 48)) -> bytes:
+    rng = random.Random(seed)
+    image = Image.new("RGB", size, tuple(rng.randrange(256) for _ in range(3)))
+    ImageDraw.Draw(image).rectangle((8, 8, 30, 30), fill=tuple(rng.randrange(256) for _ in range(3)))
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return buf.getvalue()
+
+
+def label_row(filename: str, label: str, label_id: int, split: str, data: bytes) -> Row:
+    row = dict.fromkeys(LABELS_FIELDS, "")
+    sha = hashlib.sha256(data).hexdigest()
+    row.update(filename=filename, label=label, label_id=str(label_id), split=split, sha256=sha, width="64",
+               height="48", channels="3", format="png", num_bytes=str(len(data)), source_format="png",
+               encoded_sha256=sha, encoded_bytes=str(len(data)))
+    return row
+
+
+def make_dataset(per_class: dict[str, int], classes: list[str] | None = None) -> tuple[list[Row], dict[str, bytes]]:
+    """Rows and images: every third image of a class is in test, the others in train."""
+    classes = classes or list(per_class)
+    rows, images = [], {}
+    for name, count in per_class.items():
+        for i in range(count):
+            filename = f"{name}/{i:03d}.png"
+            images[filename] = make_image(len(images))
+            rows.append(label_row(filename, name, classes.index(name), "test" if i % 3 == 0 else "train",
+                                  images[filename]))
+    return rows, images
+
+
+def make_manifest(rows: list[Row], classes: list[str], version: str = "v2", **extra: Any) -> dict[str, Any]:
+    per_split = Counter(r["split"] for r in rows)
+    splits = {}
+    for split, sizes in SHARD_BYTES.items():
+        counts = [per_split[split] // len(sizes) + (i < per_split[split] % len(sizes)) for i in range(len(sizes))]
+        splits[split] = {"num_records": per_split[split], "shards": [
+            {"file": f"{split}-{i:05d}-of-{len(sizes):05d}.tfrecord", "num_records": n, "num_bytes": b, "sha256": "0"}
+            for i, (n, b) in enumerate(zip(counts, sizes, strict=True))]}
+    return {"dataset": "pets", "version": version, "num_records": len(rows), "num_rejected": 2, "num_skipped": 1,
+            "rejects_by_reason": {"corrupt": 1, "duplicate": 1}, "classes": classes, "previous_version": None,
+            "source_fingerprint": "f" * 64, "as_of": "2026-11-22T02:00:00+00:00", "compression": "none",
+            "features": feature_spec(), "splits": splits, "source": "s3://raw/pets",
+            "params": {"splits": {"test": 0.3, "train": 0.7}, "salt": "s1", "shard_size_mb": 1}} | extra
+
+
+REJECTS = [{"filename": "cats/bad.jpg", "reason": "corrupt", "detail": "truncated"},
+           {"filename": "dogs/copy.png", "reason": "duplicate", "detail": "same as dogs/000.png"}]
+
+
+def render(manifest: dict[str, Any], rows: list[Row], images: dict[str, bytes], rejects: list[Row] = REJECTS,
+           previous: PreviousVersion | None = None,
+           fetch: Callable[[Row], bytes | None] | None = None) -> dict[str, bytes]:
+    return build_card(manifest, lambda: iter(rows), lambda: iter(rejects), previous,
+                      fetch or (lambda row: images.get(row["filename"])))
+
+
+def md_table(md: str, heading: str, nth: int = 0) -> tuple[list[str], list[list[str]]]:
+    """(header, body rows) of the ``nth`` Markdown table after the line ``heading``, cells unescaped."""
+    lines = md.split("\n")
+    i = lines.index(heading)
+    tables: list[list[list[str]]] = []
+    while i < len(lines) and not (lines[i].startswith("## ") and lines[i] != heading):
+        if lines[i].startswith("|") and (not tables or not lines[i - 1].startswith("|")):
+            tables.append([])
+        if lines[i].startswith("|"):
+            cells = re.split(r"(?<!\\)\|", lines[i])[1:-1]
+            tables[-1].append([re.sub(r"\\(.)", r"\1", c.strip()) for c in cells])
+        i += 1
+    table = tables[nth]
+    return table[0], table[2:]
+
+
+def number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def md_images(md: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\((card/[^)]+\.png)\)", md)
+
+
+class TagCollector(HTMLParser):
+    """Every start tag of a page with its attributes, as a browser's tokenizer sees them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, attrs))
+
+
+def assert_self_contained(out: dict[str, bytes]) -> None:
+    md, page = out["card.md"].decode(), out["card.html"].decode()
+    assert "http://" not in page and "https://" not in page
+    assert not re.search(r"<(script|link|iframe|object|embed)\b|@import|url\(", page, re.I)
+    parser = TagCollector()
+    parser.feed(page)
+    assert {tag for tag, _ in parser.tags} <= {"html", "head", "meta", "title", "style", "body", "main", "h1", "h2",
+                                               "p", "table", "thead", "tbody", "tr", "th", "td", "img"}
+    targets = [value or "" for _, attrs in parser.tags for name, value in attrs if name in ("src", "href")]
+    assert targets and all(t.startswith("data:image/png;base64,") for t in targets)
+    referenced = md_images(md)
+    assert referenced and sorted(set(referenced)) == sorted(k for k in out if k.endswith(".png"))
+    for path in referenced:
+        assert f"data:image/png;base64,{base64.b64encode(out[path]).decode()}\"" in page
+
+
+def decode_png(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "PNG"
+    image.load()
+    return image
+
+
+# -- unit tests --------------------------------------------------------------------------------------
+CLASSES = ["cats", "dogs", "owls"]  # owls: a class that has no records in this version
+
+
+def test_tables_match_the_inputs_and_pngs_decode() -> None:
+    rows, images = make_dataset({"cats": 9, "dogs": 7}, CLASSES)
+    manifest = make_manifest(rows, CLASSES)
+    out = render(manifest, rows, images)
+    md = out["card.md"].decode()
+
+    _, header = md_table(md, "# Dataset card: pets v2")
+    fields = dict(header)
+    assert fields["Records"] == "16" and fields["Rejected"] == "2" and fields["Skipped (not images)"] == "1"
+    assert fields["Created from"] == "s3://raw/pets" and fields["As of"] == "2026-11-22T02:00:00+00:00"
+    assert fields["Classes"] == "3: cats, dogs, owls" and fields["Compression"] == "none"
+
+    head, body = md_table(md, "## Records per split and class")
+    assert head == ["id", "class", "train", "test", "total"]
+    expected = Counter((r["label"], r["split"]) for r in rows)
+    for cid, name, train, test, total in body[:-1]:
+        assert CLASSES[int(cid)] == name
+        assert (number(train), number(test)) == (expected[name, "train"], expected[name, "test"])
+        assert number(total) == expected[name, "train"] + expected[name, "test"]
+    assert [r[1] for r in body] == ["cats", "dogs", "owls", "total"]
+    assert body[-1][2:] == ["10", "6", "16"]
+
+    _, reasons = md_table(md, "## Rejects")
+    assert reasons == [["corrupt", "1"], ["duplicate", "1"], ["total", "2"]]
+    _, examples = md_table(md, "## Rejects", nth=1)
+    assert examples == [["cats/bad.jpg", "corrupt", "truncated"],
+                        ["dogs/copy.png", "duplicate", "same as dogs/000.png"]]
+
+    _, shards = md_table(md, "## Shards")
+    assert shards == [["train", "3", "10", "3.10", "0.90", "1.00", "1.20"], ["test", "1", "6", "0.50", "0.50", "0.50",
+                                                                             "0.50"]]
+    assert "This is the first version of the dataset" in md
+    _, params = md_table(md, "## Parameters")
+    assert dict(params)["splits"] == "train=0.7, test=0.3" and dict(params)["salt"] == "'s1'"
+    assert dict(params)["source fingerprint"] == "f" * 64
+    _, features = md_table(md, "## Features")
+    assert [f[:2] for f in features] == [[k, v["dtype"]] for k, v in feature_spec().items()]
+
+    assert sorted(k for k in out if k.endswith(".png")) == [
+        "card/records.png", "card/samples/class-00000.png", "card/samples/class-00001.png", "card/shards.png"]
+    records, shard_chart = decode_png(out["card/records.png"]), decode_png(out["card/shards.png"])
+    assert records.width == 800 and 200 <= records.height <= 1800
+    assert shard_chart.size == (800, 360)
+    strip = decode_png(out["card/samples/class-00000.png"])
+    assert strip.size == (4 + 6 * 100, 104)
+    assert_self_contained(out)
+
+
+def test_output_is_deterministic_and_independent_of_row_order() -> None:
+    rows, images = make_dataset({"cats": 9, "dogs": 7}, CLASSES)
+    manifest = make_manifest(rows, CLASSES)
+    previous = PreviousVersion(make_manifest(rows[:5], CLASSES, "v1"), lambda: iter(rows[:5]))
+    first = render(manifest, rows, images, previous=previous)
+    shuffled, rejects = rows[:], REJECTS[::-1]
+    random.Random(1).shuffle(shuffled)
+    again = render(manifest, shuffled, images, rejects, previous=previous)
+    assert list(again) == list(first)
+    for key in first:
+        assert again[key] == first[key], key
+
+
+def test_samples_are_the_smallest_sha_rows_of_each_class() -> None:
+    rows, images = make_dataset({"cats": 9, "dogs": 7}, CLASSES)
+    fetched: list[str] = []
+
+    def fetch(row: Row) -> bytes:
+        fetched.append(row["filename"])
+        return images[row["filename"]]
+
+    out = render(make_manifest(rows, CLASSES), rows, images, fetch=fetch)
+    expected = {name: [r["filename"] for r in sorted((r for r in rows if r["label"] == name),
+                                                     key=lambda r: r["sha256"])[:6]] for name in ("cats", "dogs")}
+    assert fetched == expected["cats"] + expected["dogs"]
+    for cid, name in enumerate(("cats", "dogs")):
+        thumbs = [card_charts.thumbnail(images[f]) for f in expected[name]]
+        assert out[f"card/samples/class-{cid:05d}.png"] == card_charts.thumbnail_strip(thumbs)
+
+
+def test_missing_or_undecodable_images_are_skipped() -> None:
+    rows, images = make_dataset({"cats": 9, "dogs": 7}, CLASSES)
+    cats = [r["filename"] for r in sorted((r for r in rows if r["label"] == "cats"), key=lambda r: r["sha256"])]
+    images[cats[1]] = b"not an image at all"
+
+    def fetch(row: Row) -> bytes | None:
+        return None if row["label"] == "dogs" or row["filename"] == cats[0] else images[row["filename"]]
+
+    out = render(make_manifest(rows, CLASSES), rows, images, fetch=fetch)
+    thumbs = [card_charts.thumbnail(images[f]) for f in cats[2:8]]
+    assert out["card/samples/class-00000.png"] == card_charts.thumbnail_strip(thumbs)
+    assert "card/samples/class-00001.png" not in out
+    _, samples = md_table(out["card.md"].decode(), "## Samples")
+    assert samples[1] == ["1", "dogs", "no image available"]
+    assert_self_contained(out)
+
+
+def test_many_classes_are_capped_in_the_grid_and_chart() -> None:
+    names = [f"class{i:03d}" for i in range(55)]
+    rows, images = make_dataset(dict.fromkeys(names, 1), names)
+    tiny = {f: make_image(i, size=(8, 8)) for i, f in enumerate(images)}
+    out = render(make_manifest(rows, names), rows, tiny)
+    md = out["card.md"].decode()
+    assert "Showing the first 50 classes by id of the 55 classes with records." in md
+    assert sorted(k for k in out if k.startswith("card/samples/")) == [
+        f"card/samples/class-{i:05d}.png" for i in range(50)]
+    assert len(md_table(md, "## Records per split and class")[1]) == 56
+    assert "first 50 of 55 classes by id" in md
+    assert 800 <= decode_png(out["card/records.png"]).height <= 1800
+
+
+def test_diff_against_the_previous_version() -> None:
+    classes = ["cats", "ferrets", "dogs"]
+    rows, images = make_dataset({"cats": 9, "dogs": 7}, classes)
+    old_rows, _ = make_dataset({"cats": 9, "ferrets": 12}, classes)
+    changed = next(r for r in old_rows if r["filename"] == "cats/002.png")
+    changed["sha256"] = "0" * 64  # same name, other content
+    previous = PreviousVersion(make_manifest(old_rows, classes[:2], "v1"), lambda: iter(old_rows))
+    out = render(make_manifest(rows, classes, previous_version="v1"), rows, images, previous=previous)
+    md = out["card.md"].decode()
+    assert "Compared with version v1: -5 records." in md
+    _, changes = md_table(md, "## Changes since the previous version")
+    got = {change: (number(count), examples) for change, count, examples in changes}
+    assert got["images added"] == (7, ", ".join(f"dogs/{i:03d}.png" for i in range(7)))
+    assert got["images removed"] == (12, ", ".join(f"ferrets/{i:03d}.png" for i in range(10)))
+    assert got["images changed"] == (1, "cats/002.png")
+    assert got["classes added"] == (1, "dogs") and got["classes removed"] == (1, "ferrets")
+    _, per_split = md_table(md, "## Changes since the previous version", nth=1)
+    old_split = Counter(r["split"] for r in old_rows)
+    assert per_split[-1] == ["total", "21", "16", "-5"]
+    assert per_split[0] == ["train", str(old_split["train"]), "10", f"{10 - old_split['train']:+d}"]
+    unchanged = render(make_manifest(rows, classes), rows, images,
+                       previous=PreviousVersion(make_manifest(rows, classes, "v1"), lambda: iter(rows)))
+    _, none = md_table(unchanged["card.md"].decode(), "## Changes since the previous version")
+    assert [(c, n, e) for c, n, e in none] == [(c, "0", "") for c, _, _ in none]
+
+
+def test_strings_from_the_data_are_escaped() -> None:
+    evil_class = "<script>alert(1)</script>"
+    evil_file = "x/<script>alert('f')</script>|*_b_*[l](http://e.x).png"
+    rows, images = make_dataset({"cats": 2}, ["cats", evil_class])
+    data = make_image(5)
+    rows.append(label_row(evil_file, evil_class, 1, "train", data))
+    images[evil_file] = data
+    rejects = [{"filename": "<img src=x onerror=alert(1)>.jpg", "reason": "corrupt|<b>", "detail": "a|b\nc & d"}]
+    manifest = make_manifest(rows, ["cats", evil_class], params={"splits": {"train": 0.7, "test": 0.3},
+                                                                  "salt": "<b>salt</b>", "shard_size_mb": 1})
+    out = render(manifest, rows, images, rejects, previous=PreviousVersion(
+        make_manifest(rows[:1], ["cats"], "v1"), lambda: iter(rows[:1])))
+    md, page = out["card.md"].decode(), out["card.html"].decode()
+    assert "<script" not in page.lower() and "<img src=x" not in page and "<b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;b&gt;salt&lt;/b&gt;" in page
+    assert not re.search(r"(?<!\\)[<>]", md), "every < and > from the data is backslash-escaped"
+    assert "http:" not in md and "\\[l\\](http\\://e.x)" in md  # no link, no autolink
+    assert "\\<script\\>alert(1)\\</script\\>" in md
+    for block in md.split("\n\n"):  # every table row keeps its columns: no pipe or newline breaks out
+        lines = block.strip("\n").split("\n")
+        if lines[0].startswith("|"):
+            assert all(line.startswith("|") for line in lines)
+            assert len({len(re.split(r"(?<!\\)\|", line)) for line in lines}) == 1, block
+    _, records = md_table(md, "## Records per split and class")
+    assert records[1][1] == evil_class
+    _, examples = md_table(md, "## Rejects", nth=1)
+    assert examples == [["<img src=x onerror=alert(1)>.jpg", "corrupt|<b>", "a|b c & d"]]
+    _, changes = md_table(md, "## Changes since the previous version")
+    assert evil_file in changes[0][2]
+    assert_self_contained(out)
+
+
+# -- a card for a real build --------------------------------------------------------------------------
+def csv_rows(path: Path) -> Callable[[], Iterator[Row]]:
+    def rows() -> Iterator[Row]:
+        with open(path, newline="", encoding="utf-8") as f:
+            yield from csv.DictReader(f)
+    return rows
+
+
+def read_manifest(version: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((version / "dataset_info.json").read_text())
+
+
+def card_of(version: Path, source: Path, previous: Path | None) -> dict[str, bytes]:
+    old = PreviousVersion(read_manifest(previous), csv_rows(previous / "labels.csv")) if previous else None
+    return build_card(read_manifest(version), csv_rows(version / "labels.csv"), csv_rows(version / "rejects.csv"),
+                      old, lambda row: (source / row["filename"]).read_bytes())
+
+
+@pytest.fixture(scope="module")
+def two_builds(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """v1 from the sample; v2 with squares gone, two circles gone, one changed, a new class, a bad file."""
+    tmp = tmp_path_factory.mktemp("card")
+    second = tmp / "second"
+    shutil.copytree(sample_dir, second)
+    shutil.move(second / "squares", second / "<img src=x onerror=alert(1)>")
+    for name in ("circle_000.jpg", "circle_001.jpg"):
+        (second / "circles" / name).unlink()
+    (second / "circles" / "circle_004.png").write_bytes(make_image(99))
+    (second / "triangles" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    for source, version in ((sample_dir, "v1"), (second, "v2")):
+        result = run_cli("build", "--source", str(source), "--destination", str(tmp / "out"), "--dataset", "shapes",
+                         "--version", version, "--shard-size-mb", "0.05", "--workers", "1", "--no-progress")
+        assert result.returncode == 0, result.stderr
+    return tmp / "out" / "shapes", second
+
+
+def test_card_of_a_real_build(two_builds: tuple[Path, Path], sample_dir: Path) -> None:
+    dataset, _ = two_builds
+    version = dataset / "v1"
+    manifest = read_manifest(version)
+    out = card_of(version, sample_dir, None)
+    md = out["card.md"].decode()
+    labels = list(csv_rows(version / "labels.csv")())
+    expected = Counter((r["label"], r["split"]) for r in labels)
+    head, body = md_table(md, "## Records per split and class")
+    assert head == ["id", "class", "train", "validation", "test", "total"]
+    for cid, name, *counts in body[:-1]:
+        assert manifest["classes"][int(cid)] == name
+        assert [number(c) for c in counts[:3]] == [expected[name, s] for s in ("train", "validation", "test")]
+    assert [number(c) for c in body[-1][2:]] == [manifest["splits"][s]["num_records"]
+                                                 for s in ("train", "validation", "test")] + [60]
+    _, shards = md_table(md, "## Shards")
+    assert {r[0]: number(r[1]) for r in shards} == {s: len(i["shards"]) for s, i in manifest["splits"].items()}
+    assert {r[0]: number(r[2]) for r in shards} == {s: i["num_records"] for s, i in manifest["splits"].items()}
+    for cid, name in enumerate(manifest["classes"]):
+        smallest = sorted(r["sha256"] for r in labels if r["label"] == name)[:6]
+        by_sha = {r["sha256"]: r["filename"] for r in labels}
+        thumbs = [card_charts.thumbnail((sample_dir / by_sha[sha]).read_bytes()) for sha in smallest]
+        assert out[f"card/samples/class-{cid:05d}.png"] == card_charts.thumbnail_strip(thumbs)
+    assert "No files were rejected." in md and "This is the first version of the dataset" in md
+    assert_self_contained(out)
+
+
+def test_card_of_a_real_second_build_shows_the_changes(two_builds: tuple[Path, Path]) -> None:
+    dataset, second = two_builds
+    out = card_of(dataset / "v2", second, dataset / "v1")
+    md, page = out["card.md"].decode(), out["card.html"].decode()
+    _, changes = md_table(md, "## Changes since the previous version")
+    got = {change: (number(count), examples) for change, count, examples in changes}
+    squares = [f"squares/square_{i:03d}.{'png' if i % 5 == 4 else 'jpg'}" for i in range(20)]
+    assert got["images added"][0] == 20 and got["images added"][1].startswith("<img src=x onerror=alert(1)>/square_000")
+    assert got["images removed"] == (22, ", ".join(sorted(["circles/circle_000.jpg", "circles/circle_001.jpg",
+                                                           *squares])[:10]))
+    assert got["images changed"] == (1, "circles/circle_004.png")
+    assert got["classes added"] == (1, "<img src=x onerror=alert(1)>")
+    assert got["classes removed"] == (1, "squares")
+    _, reasons = md_table(md, "## Rejects")
+    rejects = Counter(r["reason"] for r in csv_rows(dataset / "v2" / "rejects.csv")())
+    assert reasons == [[reason, str(n)] for reason, n in rejects.items()] + [["total", "1"]]
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img src=x" not in page
+    assert_self_contained(out)
