@@ -1,10 +1,10 @@
-# Quick start: `make demo`, `make test`. Everything runs from .venv, built from the exact pins.
+# Quick start: `make demo`, `make test`, `make bench`. Everything runs from .venv, built from the exact pins.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint lock clean
+.PHONY: install demo test lint bench lock clean
 
 install: $(STAMP)
 
@@ -22,6 +22,11 @@ lint: install
 
 test: install lint
 	$(PY) -m pytest
+
+# Benchmark against the seed-style converters and `cp -r` (writes BENCHMARKS.md, benchmarks.png;
+# corpora cached in .bench/). BENCH_ARGS="--rounds 5 --scale 10000" etc.; see bench/run.py.
+bench: install
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 lock:
 	$(PYTHON) tools/lock.py requirements.in requirements.txt

@@ -243,7 +243,7 @@ def run_stages(corpus: Path, work: Path) -> dict[str, Any]:
     report["stages"]["write_shards"] = {
         "seconds": time.perf_counter() - write_started, "rss_mb": max(r.rss_mb for r, _ in runs),
         "xcom_bytes": max(len(json.dumps(xcom_of("write_task", res))) for _, res in runs)}
-    for name in ("validate", "publish"):
+    for name in ("validate", "card", "publish"):
         run, result = stage(name)
         report["stages"][name] = {"seconds": run.seconds, "rss_mb": run.rss_mb,
                                   "xcom_bytes": len(json.dumps(xcom_of(name, result)))}
@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.images, args.scale = 1, 40, "30,60"
-    work = Path(args.work)
+    work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     print(f"corpus of {args.images} images ...", flush=True)

@@ -1,0 +1,39 @@
+"""`make bench` in miniature (a 40-image corpus, one round), so the benchmark never rots."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
+    out = tmp_path / "BENCHMARKS.md"
+    result = subprocess.run([sys.executable, "bench/run.py", "--smoke", "--out", str(out), "--work",
+                             str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert set(data["contenders"]) == {"a", "b", "c", "d1", "d2", "e"}
+    for contender in data["contenders"].values():
+        assert len(contender["seconds"]) == 1 and contender["seconds"][0] > 0
+        assert contender["rss_mb"][0] > 1  # wait4 saw the process tree
+    assert data["xcoms"] and all(size > 0 for _, _, size in data["xcoms"])  # from the DAG run's database
+    assert {task for task, _, _ in data["xcoms"]} >= {"discover", "plan", "write_shards", "publish"}
+    assert sorted(data["scale"]) == ["30", "60"]
+    for report in data["scale"].values():
+        assert list(report["stages"]) == ["discover", "inspect", "split", "plan", "write_shards", "validate", "card",
+                                          "publish"]
+        assert report["mapped_tasks"] >= 1 and report["shards"] >= report["mapped_tasks"]
+    text = out.read_text()
+    for label in ("(a) seed-style, 1 process", "(b) seed-style, 2 threads", "(c) cp -r", "--workers 2",
+                  "airflow dags test", "## Targets (issue 5)", "## Scale: 60 images"):
+        assert label in text
+    assert len(data["targets"]) >= 6
+    chart = Image.open(io.BytesIO(out.with_suffix(".png").read_bytes()))
+    assert chart.format == "PNG" and chart.size[0] >= 600
