@@ -117,10 +117,26 @@ def snapshot_as_of(context: Any) -> str | None:
     return None
 
 
+_CLIENT_CACHE: dict[str, tuple[float, Any]] = {}
+CLIENT_TTL_SECONDS = 300.0
+
+
 def _s3_client() -> Any:
+    """A boto3 S3 client from the ``aws_default`` connection.
+
+    Reused for a few minutes within one process: creating it costs about half a second (boto3 loads
+    its service model each time), which adds up when tasks share a process (``airflow dags test``).
+    Each task of a real deployment runs in a process of its own, so it sees connection changes.
+    """
+    import time
+
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-    return S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
+    created, client = _CLIENT_CACHE.get(AWS_CONN_ID, (0.0, None))
+    if client is None or time.monotonic() - created > CLIENT_TTL_SECONDS:
+        client = S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
+        _CLIENT_CACHE[AWS_CONN_ID] = (time.monotonic(), client)
+    return client
 
 
 def _run(stage: str, **kwargs: Any) -> Any:

@@ -91,21 +91,28 @@ def test_publish_is_idempotent_and_versions_are_immutable(sample_dir: Path, tmp_
     cfg, storage = local_cfg(sample_dir, tmp_path), Storage()
     stage_until_written(cfg, storage)
     stages.validate_stage(cfg, storage)
+    stages.card_stage(cfg, storage)
     first = stages.publish_stage(cfg, storage)
     assert first["already_published"] is False
-    published = {p.name: p.read_bytes() for p in Path(cfg.version_uri).iterdir()}
-    assert {"_SUCCESS", "dataset_info.json", "labels.csv", "rejects.csv"} <= published.keys()
+    published = _files(Path(cfg.version_uri))
+    assert {"_SUCCESS", "dataset_info.json", "labels.csv", "rejects.csv", "card.md", "card.html",
+            "card/records.png"} <= published.keys()
 
     again = stages.publish_stage(cfg, storage)  # a retried publish after success
     assert again["already_published"] is True
-    assert {p.name: p.read_bytes() for p in Path(cfg.version_uri).iterdir()} == published
+    assert _files(Path(cfg.version_uri)) == published
 
     other = local_cfg(sample_dir, tmp_path, salt="different")  # same version, different content
     stage_until_written(other, storage)
     stages.validate_stage(other, storage)
+    stages.card_stage(other, storage)
     with pytest.raises(stages.BuildError, match=r"already published .* with different content"):
         stages.publish_stage(other, storage)
-    assert {p.name: p.read_bytes() for p in Path(cfg.version_uri).iterdir()} == published
+    assert _files(Path(cfg.version_uri)) == published
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
@@ -148,6 +155,7 @@ def test_duplicates_and_conflicts_are_rejected_not_lost(tmp_path: Path, sample_d
     storage = Storage()
     stage_until_written(cfg, storage)
     stages.validate_stage(cfg, storage)
+    stages.card_stage(cfg, storage)
     stages.publish_stage(cfg, storage)
     rejects = (Path(cfg.version_uri) / "rejects.csv").read_text().splitlines()
     assert rejects[0] == "filename,reason,detail"

@@ -29,7 +29,7 @@ from .manifest import FEATURES, LABELS_FIELDS, REJECTS_FIELDS, example_features,
 from .parallel import batched_map, ordered_map
 from .probe import RejectedImage, inspect_image, stored_bytes
 from .splitting import DuplicateResolver, assign_split
-from .storage import HashingWriter, Storage, StorageError, is_s3, join, sha256_file
+from .storage import HashingReader, HashingWriter, Storage, StorageError, is_s3, join
 from .tfrecord import CorruptRecordError, TFRecordWriter, read_records
 
 Progress = Callable[[int], None]
@@ -308,29 +308,22 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str,
     uri = _staged(cfg, "shards", shard)
     with read_rows(storage, _staged(cfg, "members", shard + ".csv")) as rows:
         members = list(rows)  # one shard's rows: bounded by the shard size
-    with tempfile.TemporaryDirectory() as tmp:
-        path = uri
-        if is_s3(uri):
-            path = os.path.join(tmp, shard)
+    count = 0
+    try:
+        with storage.open_read(uri) as stream:
+            raw = HashingReader(stream)
             try:
-                storage.download(uri, path)
-            except Exception as exc:
-                if storage.exists(uri):
-                    raise
-                raise BuildError(f"shard {shard} is missing from staging") from exc
-        elif not os.path.isfile(path):
-            raise BuildError(f"shard {shard} is missing from staging")
-        sha, num_bytes = sha256_file(path), os.path.getsize(path)
-        count = 0
-        with open(path, "rb") as raw:
-            try:
-                for count, record in enumerate(read_records(raw, cfg.compression), start=1):
+                for count, record in enumerate(read_records(raw, cfg.compression), start=1):  # type: ignore[arg-type]
                     if count > len(members):
                         raise BuildError(f"shard {shard} holds more records than the {len(members)} planned")
                     _check_record(shard, count - 1, record, members[count - 1])
                     progress(1)
             except CorruptRecordError as exc:
                 raise BuildError(f"shard {shard} is corrupt: {exc}") from exc
+            raw.drain()
+    except FileNotFoundError:
+        raise BuildError(f"shard {shard} is missing from staging") from None
+    sha, num_bytes = raw.sha256.hexdigest(), raw.num_bytes
     if count != len(members):
         raise BuildError(f"shard {shard} holds {count} records, the plan says {len(members)}")
     receipt = read_json(storage, _staged(cfg, "receipts", shard + ".json"))

@@ -9,6 +9,7 @@ connection inside Airflow, boto3's standard environment on the command line.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import shutil
@@ -79,6 +80,26 @@ class HashingWriter:
 
     def flush(self) -> None:
         self._file.flush()
+
+
+class HashingReader:
+    """A binary stream wrapper that hashes (SHA-256) and counts what is read through it."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.sha256.update(data)
+        self.num_bytes += len(data)
+        return data
+
+    def drain(self) -> None:
+        """Read (and hash) whatever is left."""
+        while self.read(1 << 20):
+            pass
 
 
 def default_s3_client() -> Any:
@@ -222,6 +243,28 @@ class Storage:
 
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode("utf-8")
+
+    @contextlib.contextmanager
+    def open_read(self, uri: str) -> Iterator[BinaryIO]:
+        """A binary stream of the file (S3: the response body, not spooled to disk); FileNotFoundError
+        if it does not exist."""
+        if not is_s3(uri):
+            with open(uri, "rb") as f:
+                yield f
+            return
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            body = self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"]
+        except ClientError as exc:
+            if _is_missing(exc):
+                raise FileNotFoundError(uri) from exc
+            raise
+        try:
+            yield body
+        finally:
+            body.close()
 
     def download(self, uri: str, path: str) -> None:
         """Copy ``uri`` to the local file ``path`` (streamed)."""
