@@ -130,7 +130,7 @@ class DagRunner:
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
             "AIRFLOW_HOME": str(work / "airflow"), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": os.environ.get("BENCH_PLUGINS", str(ROOT / "plugins")), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "false", "PYTHONPATH": str(ROOT),
             "AIRFLOW_CONN_AWS_DEFAULT": self.server.airflow_connection(),
         }

@@ -196,3 +196,27 @@ def test_a_file_that_vanishes_before_inspection_is_rejected(where: str, sample_d
     assert stages.inspect_stage(cfg, storage)["rejected"] == 1
     rejects = storage.read_text(join(cfg.staging_uri, "rejects-inspect.csv")).splitlines()
     assert rejects == ["filename,reason,detail", f"{gone},unreadable,file disappeared"]
+
+
+def test_same_content_in_two_splits_fails_validation(sample_dir: Path, tmp_path: Path) -> None:
+    """labels.csv claiming one content in two splits (a bug upstream) is caught before publishing."""
+    import csv
+
+    cfg, storage = local_cfg(sample_dir, tmp_path), Storage()
+    stage_until_written(cfg, storage)
+    labels = Path(cfg.staging_uri) / "labels.csv"
+    with open(labels, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    train = next(r for r in rows if r["split"] == "train")
+    other = next(r for r in rows if r["split"] != "train")
+    other["sha256"] = train["sha256"]
+    with open(labels, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(stages.BuildError, match=r"identical image content in splits .*"
+                                                rf"{train['filename']}.*{other['filename']}|"
+                                                rf"identical image content in splits .*{other['filename']}"):
+        stages.validate_stage(cfg, storage)
+    assert not Path(cfg.version_uri).exists()

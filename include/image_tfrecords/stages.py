@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tempfile
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -182,21 +183,29 @@ def previous_version(storage: Storage, cfg: BuildConfig) -> str | None:
 
 # -- 4. plan ----------------------------------------------------------------------------------------
 def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENGTH) -> dict[str, Any]:
-    """Decide the shards of each split and their members; returns the number of write tasks."""
+    """Decide the shards of each split and their members; returns the number of write tasks.
+
+    Memory: 16 bytes per record (order keys and row numbers in arrays), besides one shard's rows.
+    """
+    import numpy as np
+
     summary = read_json(storage, _staged(cfg, SPLIT_SUMMARY))
-    keys: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    keys: dict[str, array[float]] = defaultdict(lambda: array("d"))
+    numbers: dict[str, array[int]] = defaultdict(lambda: array("q"))
     with read_rows(storage, _staged(cfg, LABELS)) as rows:
         for number, row in enumerate(rows):
-            keys[row["split"]].append((planning.order_key(cfg.salt, row["sha256"]), number))
+            keys[row["split"]].append(planning.order_key(cfg.salt, row["sha256"]))
+            numbers[row["split"]].append(number)
+    ranks = np.zeros(summary["num_records"], dtype=np.int64)  # row number -> rank in its split's order
     specs: dict[str, list[planning.ShardSpec]] = {}
-    placement: dict[int, tuple[str, int]] = {}  # row number -> (shard file, rank)
     for split, info in summary["splits"].items():
         count = planning.shard_count(info["num_bytes"], info["num_records"], cfg.shard_size_mb)
         specs[split] = [planning.ShardSpec(split, i, count, cfg.compression) for i in range(count)]
-        for rank, (_, number) in enumerate(sorted(keys.pop(split, []))):
-            placement[number] = (specs[split][rank % count].file, rank)
+        if split in keys:  # sort by (key, row number): a stable sort of rows listed in number order
+            order = np.argsort(np.frombuffer(keys.pop(split), dtype=np.float64), kind="stable")
+            ranks[np.frombuffer(numbers.pop(split), dtype=np.int64)[order]] = np.arange(len(order))
     with tempfile.TemporaryDirectory() as tmp:
-        _write_members(cfg, storage, placement, tmp)
+        _write_members(cfg, storage, specs, ranks, tmp)
     shard_files = [spec.file for split in specs.values() for spec in split]
     tasks = planning.group_tasks(shard_files, max_tasks)
     plan = {"compression": cfg.compression, "shard_size_mb": cfg.shard_size_mb, "tasks": tasks,
@@ -205,9 +214,12 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     return {"num_shards": len(shard_files), "num_tasks": len(tasks)}
 
 
-def _write_members(cfg: BuildConfig, storage: Storage, placement: dict[int, tuple[str, int]],
-                   tmp: str) -> None:
-    """Write each shard's member rows (labels.csv rows, in record order) to ``members/``."""
+def _write_members(cfg: BuildConfig, storage: Storage, specs: dict[str, list[planning.ShardSpec]],
+                   ranks: Any, tmp: str) -> None:
+    """Write each shard's member rows (labels.csv rows, in record order) to ``members/``.
+
+    Records are dealt round-robin in rank order: rank r of a split with n shards goes to shard r % n.
+    """
     buffers: dict[str, list[str]] = defaultdict(list)
 
     def flush() -> None:
@@ -218,14 +230,15 @@ def _write_members(cfg: BuildConfig, storage: Storage, placement: dict[int, tupl
 
     with read_rows(storage, _staged(cfg, LABELS)) as rows:
         for number, row in enumerate(rows):
-            shard, rank = placement[number]
-            buffers[shard].append(json.dumps([rank, row]) + "\n")
-            if number % 50_000 == 49_999:
+            split_specs = specs[row["split"]]
+            rank = int(ranks[number])
+            buffers[split_specs[rank % len(split_specs)].file].append(json.dumps([rank, row]) + "\n")
+            if number % 5_000 == 4_999:
                 flush()
     flush()
     for shard in sorted(os.listdir(tmp)):
         with open(os.path.join(tmp, shard), encoding="utf-8") as f:
-            members = sorted(json.loads(line) for line in f)
+            members = sorted(json.loads(line) for line in f)  # one shard's rows: bounded by the shard size
         with RowWriter(storage, _staged(cfg, "members", shard + ".csv"), LABELS_FIELDS) as out:
             for _, row in members:
                 out.write(row)
@@ -353,6 +366,25 @@ def _check_record(shard: str, index: int, record: bytes, member: dict[str, str])
         raise BuildError(f"{where}: image bytes do not match what inspection recorded")
 
 
+def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, array[int]]) -> None:
+    """Raise BuildError if any image content is in two splits (8 bytes of memory per record)."""
+    import numpy as np
+
+    seen = {split: np.unique(np.frombuffer(prefixes, dtype=np.uint64)) for split, prefixes in contents.items()}
+    names = sorted(seen)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            shared = np.intersect1d(seen[first], seen[second], assume_unique=True)
+            if not len(shared):
+                continue
+            shared_set = {int(p) for p in shared[:100]}
+            with read_rows(storage, _staged(cfg, LABELS)) as rows:
+                where = {r["split"]: r["filename"] for r in rows if int(r["sha256"][:16], 16) in shared_set}
+            if len(where) > 1:  # not only a collision of 64-bit prefixes
+                raise BuildError(f"identical image content in splits {first} and {second} "
+                                 f"({where.get(first)}, {where.get(second)})")
+
+
 def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, Any]] | None = None,
                    progress: Progress = _no_progress) -> dict[str, Any]:
     """Check every staged shard against the plan and labels.csv, then stage dataset_info.json.
@@ -363,16 +395,15 @@ def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, A
     plan = read_json(storage, _staged(cfg, PLAN))
     summary = read_json(storage, _staged(cfg, SPLIT_SUMMARY))
     by_file = {r["file"]: r for r in results or []}
-    split_of: dict[str, str] = {}
     counts: Counter[str] = Counter()
     digests: Counter[str] = Counter()  # per split: sum of name hashes, as _set_digest
+    contents: dict[str, array[int]] = defaultdict(lambda: array("Q"))  # per split: 64-bit sha256 prefixes
     with read_rows(storage, _staged(cfg, LABELS)) as rows:
         for row in rows:
-            if split_of.setdefault(row["sha256"], row["split"]) != row["split"]:
-                raise BuildError(f"identical image content in splits {split_of[row['sha256']]} and "
-                                 f"{row['split']} ({row['filename']})")
             counts[row["split"]] += 1
             digests[row["split"]] += _name_hash(row["filename"])
+            contents[row["split"]].append(int(row["sha256"][:16], 16))
+    _check_no_content_in_two_splits(cfg, storage, contents)
     splits: dict[str, Any] = {}
     for split, shard_files in plan["splits"].items():
         shards = [by_file.get(f) or validate_shard(cfg, storage, f, progress) for f in shard_files]
