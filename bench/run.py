@@ -85,6 +85,7 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | N
 def make_corpus(images: int, work: Path, parts: int = 1) -> Path:
     """The make_corpus.py corpus of ``images`` images (cached); big ones are made in ``parts`` processes
     with seeds 1..parts and merged by hard links (file names are random, so they do not collide)."""
+    work = work.resolve()  # make_corpus.py runs in its own folder
     target = work / f"corpus-{images}"
     if (target / ".complete").exists():
         return target
