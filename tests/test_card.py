@@ -189,8 +189,8 @@ def test_tables_match_the_inputs_and_pngs_decode() -> None:
     assert sorted(k for k in out if k.endswith(".png")) == [
         "card/records.png", "card/samples/class-00000.png", "card/samples/class-00001.png", "card/shards.png"]
     records, shard_chart = decode_png(out["card/records.png"]), decode_png(out["card/shards.png"])
-    assert records.width == 800 and 200 <= records.height <= 1800
-    assert shard_chart.size == (800, 360)
+    assert records.width == 800 and 150 <= records.height <= 1800
+    assert shard_chart.size == (800, 354)
     strip = decode_png(out["card/samples/class-00000.png"])
     assert strip.size == (4 + 6 * 100, 104)
     assert_self_contained(out)
@@ -398,3 +398,29 @@ def test_card_of_a_real_second_build_shows_the_changes(two_builds: tuple[Path, P
     assert reasons == [[reason, str(n)] for reason, n in rejects.items()] + [["total", "1"]]
     assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img src=x" not in page
     assert_self_contained(out)
+
+
+def test_chart_ticks_are_round_and_cover_the_data() -> None:
+    from include.image_tfrecords.card_plot import nice_ticks
+
+    assert nice_ticks(898) == [0, 200, 400, 600, 800, 1000]
+    assert nice_ticks(3) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert nice_ticks(0) == [0.0, 1.0]
+    for high in (1, 7, 13, 99.5, 12345):
+        ticks = nice_ticks(high)
+        assert ticks[0] == 0 and ticks[-1] >= high and len(ticks) <= 8
+
+
+def test_charts_draw_every_class_and_are_deterministic() -> None:
+    from include.image_tfrecords.card_plot import COLOURS, records_chart, shards_chart
+
+    classes = [f"class {i}" for i in range(50)]
+    counts = {(c, s): 1 + i for i, c in enumerate(classes) for s in ("train", "test")}
+    png = records_chart(classes, ["train", "test"], counts, "Records")
+    assert png == records_chart(classes, ["train", "test"], counts, "Records")
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    train = tuple(int(COLOURS[0][i:i + 2], 16) for i in (1, 3, 5))
+    rows_with_bars = {y for y in range(image.height) for x in range(100, 700, 7) if image.getpixel((x, y)) == train}
+    assert len(rows_with_bars) >= 50 * 15  # 50 bars of 20 px, each with a train segment
+    shards = Image.open(io.BytesIO(shards_chart({"train": [90_000_000, 100_000_000], "test": []})))
+    assert shards.size == (800, 354)

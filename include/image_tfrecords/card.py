@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from . import card_charts
+from . import card_charts, card_plot
 from .card_charts import Block, Cell, Heading, Img, Para, Table, render_html, render_md
 
 Rows = Callable[[], Iterable[dict[str, str]]]
@@ -231,7 +231,7 @@ class Card:
         shown = classes[:CHART_CLASSES]
         title = "Records per class and split" + (
             f" (first {len(shown)} of {len(classes):,} classes by id)" if len(classes) > len(shown) else "")
-        chart = card_charts.records_chart(shown, splits, counts, title)
+        chart = card_plot.records_chart(shown, splits, counts, title)
         self.blocks.append(self._png("card/records.png", chart, title))
 
     def samples(self, picker: SamplePicker, fetch_image: Callable[[dict[str, str]], bytes | None]) -> None:
@@ -281,7 +281,7 @@ class Card:
         self.blocks += [Heading("Shards"), Para("Sizes in MB (10^6 bytes)."),
                         Table(("split", "shards", "records", "total MB", "min MB", "median MB", "max MB"), rows)]
         if any(sizes.values()):
-            self.blocks.append(self._png("card/shards.png", card_charts.shards_chart(sizes), "Shard sizes"))
+            self.blocks.append(self._png("card/shards.png", card_plot.shards_chart(sizes), "Shard sizes"))
 
     def first_version(self) -> None:
         self.blocks += [Heading("Changes since the previous version"),

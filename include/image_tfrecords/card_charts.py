@@ -1,9 +1,8 @@
 """The dataset card's output: a small document model rendered to Markdown and self-contained HTML,
-charts (matplotlib, Agg) and sample thumbnails (Pillow).
+and sample thumbnails (Pillow); the charts are in ``card_plot``.
 
-Every function's output depends only on its arguments: PNGs have fixed sizes and dpi, matplotlib's
-default style whatever the local matplotlibrc says, and no "Software"/time metadata. Every string from
-the data is escaped for the format it lands in.
+Every function's output depends only on its arguments: PNGs have fixed sizes and no metadata. Every
+string from the data is escaped for the format it lands in.
 """
 
 from __future__ import annotations
@@ -13,13 +12,10 @@ import html
 import io
 import re
 import struct
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DPI = 100
-COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 THUMB, GAP, BACKGROUND = 96, 4, (240, 240, 240)
 
 
@@ -151,83 +147,6 @@ def png_size(png: bytes) -> tuple[int, int]:
     return width, height
 
 
-def plain_text(text: str, limit: int = 40) -> str:
-    """``text`` for a matplotlib label: shortened, and with ``$`` escaped so it is never mathtext."""
-    text = " ".join(str(text).split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text.replace("\\", "\\\\").replace("$", r"\$")
-
-
-@contextmanager
-def _figure(width: float, height: float) -> Iterator[Any]:
-    import matplotlib
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    with matplotlib.style.context("default"), matplotlib.rc_context({"font.size": 9}):
-        fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-        FigureCanvasAgg(fig)
-        yield fig
-
-
-def _save(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
-    return buf.getvalue()
-
-
-def records_chart(classes: Sequence[str], splits: Sequence[str], counts: dict[tuple[str, str], int],
-                  title: str) -> bytes:
-    """Horizontal bars, one per class (in the given order), stacked by split, one colour per split."""
-    from matplotlib.ticker import MaxNLocator
-
-    height = min(2.4 + 0.3 * max(len(classes), 1), 18.0)
-    with _figure(8.0, height) as fig:
-        ax = fig.add_subplot()
-        positions = list(range(len(classes)))
-        left = [0] * len(classes)
-        handles = []
-        for i, split in enumerate(splits):
-            values = [counts.get((name, split), 0) for name in classes]
-            handles.append(ax.barh(positions, values, left=left, color=COLOURS[i % len(COLOURS)], height=0.7))
-            left = [a + b for a, b in zip(left, values, strict=True)]
-        ax.set_yticks(positions, [plain_text(name) for name in classes])
-        ax.invert_yaxis()
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("records")
-        ax.grid(axis="x", alpha=0.3)
-        fig.suptitle(plain_text(title, 90))
-        fig.legend(handles, [plain_text(s) for s in splits], loc="outside lower center", ncols=min(len(splits), 6))
-        return _save(fig)
-
-
-def shards_chart(sizes: dict[str, list[int]]) -> bytes:
-    """A histogram of shard sizes in MB (10^6 bytes), stacked by split."""
-    from matplotlib.ticker import MaxNLocator
-
-    splits = [s for s, values in sizes.items() if values]
-    with _figure(8.0, 3.6) as fig:
-        ax = fig.add_subplot()
-        data = [[v / 1e6 for v in sizes[s]] for s in splits]
-        low = min(min(d) for d in data)
-        high = max(max(d) for d in data)
-        if high - low < 1e-6:
-            low, high = low * 0.9 - 1e-3, high * 1.1 + 1e-3
-        _, _, patches = ax.hist(data, bins=20, range=(low, high), stacked=True,
-                                color=[COLOURS[i % len(COLOURS)] for i in range(len(splits))])
-        handles = patches if len(splits) > 1 else [patches]
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("shard size (MB)")
-        ax.set_ylabel("shards")
-        ax.grid(axis="y", alpha=0.3)
-        fig.suptitle("Shard sizes")
-        fig.legend([h[0] for h in handles], [plain_text(s) for s in splits], loc="outside lower center",
-                   ncols=min(len(splits), 6))
-        return _save(fig)
-
-
 def thumbnail(data: bytes, size: int = THUMB) -> Any:
     """A Pillow RGB image of at most ``size`` x ``size``, or None if ``data`` does not decode."""
     from PIL import Image
@@ -256,5 +175,5 @@ def thumbnail_strip(thumbs: Sequence[Any], size: int = THUMB, gap: int = GAP) ->
         x = gap + i * (size + gap) + (size - thumb.width) // 2
         strip.paste(thumb, (x, gap + (size - thumb.height) // 2))
     buf = io.BytesIO()
-    strip.save(buf, "PNG", optimize=True)
+    strip.save(buf, "PNG", compress_level=6)
     return buf.getvalue()
