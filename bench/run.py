@@ -410,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = targets(contenders, scale, xcoms, write_seconds)
     text += "\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---|---|\n" + "".join(
         f"| {t} | {m} | {'yes' if ok else '**no**'} |\n" for t, m, ok in rows)
+    notes = Path(__file__).with_name("NOTES.md")
+    if not args.smoke and notes.exists():
+        text += "\n" + notes.read_text()
     out.write_text(text)
     (out.with_suffix(".json")).write_text(json.dumps(
         {"contenders": {c.key: {"label": c.label, "seconds": [r.seconds for r in c.runs],
