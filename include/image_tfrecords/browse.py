@@ -9,6 +9,7 @@ names must start with a letter or digit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -237,30 +238,14 @@ def open_file(storage: Storage, root: str, dataset: str, version: str, path: str
 
 def _chunks(storage: Storage, uri: str) -> Iterator[bytes]:
     """Open ``uri`` now (FileNotFoundError if missing) and return an iterator over its bytes."""
-    if not is_s3(uri):
-        if not os.path.isfile(uri) or os.path.islink(uri):
-            raise FileNotFoundError(uri)
-        return _local_chunks(uri)
-    from botocore.exceptions import ClientError
+    if not is_s3(uri) and (not os.path.isfile(uri) or os.path.islink(uri)):
+        raise FileNotFoundError(uri)
+    opened = contextlib.ExitStack()
+    stream = opened.enter_context(storage.open_read(uri))
 
-    bucket, key = split_s3(uri)
-    try:
-        body = storage.s3.get_object(Bucket=bucket, Key=key)["Body"]
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            raise FileNotFoundError(uri) from exc
-        raise
-    return _s3_chunks(body)
+    def chunks() -> Iterator[bytes]:
+        with opened:
+            while chunk := stream.read(CHUNK):
+                yield chunk
 
-
-def _local_chunks(path: str) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            yield chunk
-
-
-def _s3_chunks(body: Any) -> Iterator[bytes]:
-    try:
-        yield from body.iter_chunks(CHUNK)
-    finally:
-        body.close()
+    return chunks()
