@@ -85,11 +85,9 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True,
     workers = max(1, workers)
     found = stages.discover_stage(cfg, storage)
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Inline() as pool:
-        with _Bar(progress, "inspect", found["candidates"]) as bar:
-            if workers > 1:
-                stages.inspect_stage(cfg, storage, workers=workers, progress=bar, processes=pool)
-            else:
-                stages.inspect_stage(cfg, storage, workers=2, progress=bar)
+        with _Bar(progress, "inspect", found["candidates"]) as bar:  # one process: 2 threads
+            stages.inspect_stage(cfg, storage, workers=max(2, workers), progress=bar,
+                                 processes=pool if workers > 1 else None)
         split = stages.split_stage(cfg, storage)
         plan = stages.plan_stage(cfg, storage)
         shard_files = [f for task in range(plan["num_tasks"]) for f in stages.task_shards(cfg, storage, task)]
