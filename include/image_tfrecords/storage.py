@@ -228,18 +228,8 @@ class Storage:
 
     def read_bytes(self, uri: str) -> bytes:
         """The file's bytes; FileNotFoundError if it does not exist (local or S3 alike)."""
-        if not is_s3(uri):
-            with open(uri, "rb") as f:
-                return f.read()
-        from botocore.exceptions import ClientError
-
-        bucket, key = split_s3(uri)
-        try:
-            return self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"].read()
-        except ClientError as exc:
-            if _is_missing(exc):
-                raise FileNotFoundError(uri) from exc
-            raise
+        with self.open_read(uri) as f:
+            return f.read()
 
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode("utf-8")
