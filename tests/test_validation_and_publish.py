@@ -97,6 +97,8 @@ def test_publish_is_idempotent_and_versions_are_immutable(sample_dir: Path, tmp_
     published = _files(Path(cfg.version_uri))
     assert {"_SUCCESS", "dataset_info.json", "labels.csv", "rejects.csv", "card.md", "card.html",
             "card/records.png"} <= published.keys()
+    modes = {name: (Path(cfg.version_uri) / name).stat().st_mode & 0o777 for name in published}
+    assert set(modes.values()) == {0o644}, modes  # readable by everyone who may read the folder
 
     again = stages.publish_stage(cfg, storage)  # a retried publish after success
     assert again["already_published"] is True

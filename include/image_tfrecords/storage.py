@@ -288,6 +288,7 @@ class Storage:
             return
         with open(path, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(path, 0o644)  # temporary files are 0600; stored files are for every reader
         if not _link_local(path, uri):
             self._atomic_local(uri, lambda f: _copy_into(path, f))
 
