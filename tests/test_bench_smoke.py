@@ -20,9 +20,10 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
     assert set(data["contenders"]) == {"a", "b", "c", "d1", "d2", "e"}
-    for contender in data["contenders"].values():
+    for key, contender in data["contenders"].items():
         assert len(contender["seconds"]) == 1 and contender["seconds"][0] > 0
-        assert contender["rss_mb"][0] > 1  # wait4 saw the process tree
+        if key != "c":  # cp of 40 files may end before the first sample
+            assert contender["rss_mb"][0] > 10  # a Python process, sampled
     assert data["xcoms"] and all(size > 0 for _, _, size in data["xcoms"])  # from the DAG run's database
     assert {task for task, _, _ in data["xcoms"]} >= {"discover", "plan", "write_shards", "publish"}
     assert sorted(data["scale"]) == ["30", "60"]
