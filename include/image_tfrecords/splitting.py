@@ -55,7 +55,7 @@ class DuplicateResolver:
         with tempfile.TemporaryDirectory(prefix="duplicates-") as tmp:
             db = sqlite3.connect(os.path.join(tmp, "files.db"))
             try:
-                db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-4096;"
+                db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-1024;"
                                  "CREATE TABLE files (sha TEXT, filename TEXT, label TEXT);")
                 db.executemany("INSERT INTO files VALUES (?, ?, ?)", ((sha, f, label) for f, label, sha in rows))
                 db.execute("CREATE INDEX by_sha ON files (sha, filename)")

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -199,16 +200,24 @@ class Storage:
 
     def _walk_local(self, root: str, rel: str) -> Iterator[FileInfo]:
         # Sorting folders as "name/" makes the walk yield full keys in sorted order, as S3 lists them.
-        entries = sorted(os.scandir(os.path.join(root, rel) if rel else root),
-                         key=lambda e: e.name + "/" if e.is_dir(follow_symlinks=False) else e.name)
-        for entry in entries:
-            key = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.is_symlink():
+        # Only the names of one folder are held (not DirEntry objects: about 5x smaller).
+        folder = os.path.join(root, rel) if rel else root
+        with os.scandir(folder) as it:
+            names, folders = [], set()
+            for entry in it:
+                names.append(entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    folders.add(entry.name)
+        names.sort(key=lambda name: name + "/" if name in folders else name)
+        for name in names:
+            key = f"{rel}/{name}" if rel else name
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:  # removed while listing
                 continue
-            if entry.is_dir():
+            if stat.S_ISDIR(st.st_mode):
                 yield from self._walk_local(root, key)
-            elif entry.is_file():
-                st = entry.stat()
+            elif stat.S_ISREG(st.st_mode):  # symlinks are not followed, other kinds are not files
                 yield FileInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
 
     # -- reading -------------------------------------------------------------------------
