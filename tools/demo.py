@@ -83,6 +83,9 @@ def main() -> int:
             print(f"  {split:<11} {len(records):>4} records read back with tf.data in "
                   f"{len(manifest['splits'][split]['shards'])} shard(s); per class {dict(sorted(per_class.items()))}; "
                   f"decoded sizes {sizes[0][1]}x{sizes[0][0]} .. {sizes[-1][1]}x{sizes[-1][0]}")
+        card = work / "card.html"
+        storage.download(join(uri, "card.html"), str(card))  # self-contained: opens with no server
+        print(f"dataset card: {card.relative_to(ROOT)} (a copy of {uri}/card.html; open it in a browser)")
         print(f"\nS3 endpoint {server.endpoint} (key {server.access_key}); data kept in {work / 's3'}: "
               f"`.venv/bin/python tools/seaweedfs.py .demo/s3` serves it again (on new ports).")
         print(f"demo finished in {time.perf_counter() - started:.1f} s")
