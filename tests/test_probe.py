@@ -338,3 +338,34 @@ def test_rejected_image_message() -> None:
     error = RejectedImage("corrupt", "broken scan")
     assert (error.reason, error.detail, str(error)) == ("corrupt", "broken scan", "corrupt: broken scan")
     assert str(RejectedImage("empty_file")) == "empty_file"
+
+
+def _png_rows(idat: bytes, width: int = 8, height: int = 4) -> bytes:
+    """An RGB PNG of ``width`` x ``height`` whose IDAT is ``idat`` (CRCs right)."""
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + _chunk(b"IDAT", idat) + _chunk(b"IEND", b""))
+
+
+_ROWS = b"".join(b"\x00" + bytes(range(24)) for _ in range(4))  # 4 rows of 8 RGB pixels, filter 0
+
+
+@pytest.mark.parametrize(("name", "idat", "decodes"), [
+    ("exact", zlib.compress(_ROWS), True),
+    ("data_past_the_last_row", zlib.compress(_ROWS + b"\x00" + bytes(24)), True),  # libpng ignores it
+    ("zlib_stream_cut", zlib.compress(_ROWS)[:-4], False),  # rows complete, Adler-32 missing
+    ("bad_adler32", zlib.compress(_ROWS)[:-4] + b"\x00\x00\x00\x00", False),
+    ("too_few_rows", zlib.compress(_ROWS[:-25]), False),
+    ("bad_filter_type", zlib.compress(b"\x07" + _ROWS[1:]), False),
+])
+def test_png_stream_check_agrees_with_tensorflow(tf: Any, name: str, idat: bytes, decodes: bool) -> None:
+    data = _png_rows(idat)
+    try:
+        tf.io.decode_image(data)
+        tf_decodes = True
+    except Exception:  # InvalidArgumentError and friends
+        tf_decodes = False
+    assert tf_decodes is decodes, name
+    if decodes:
+        assert inspect_image(data).channels == 3
+    else:
+        assert _reason(data) == "corrupt"
