@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .manifest import ordered_splits
 from .stages import LATEST, MANIFEST, SUCCESS, version_key
 from .storage import Storage, StorageError, StoreUnreachable, is_s3, join, split_s3
 
@@ -33,7 +34,6 @@ CONTENT_TYPES = {
     "labels.csv": "text/csv; charset=utf-8",
     "rejects.csv": "text/csv; charset=utf-8",
 }
-SPLIT_ORDER = ("train", "training", "validation", "valid", "val", "dev", "test", "eval")
 CHUNK = 1 << 20
 WORKERS = 8
 
@@ -160,9 +160,7 @@ def version_info(storage: Storage, dataset_uri: str, version: str, latest: str |
 def _split_counts(manifest: dict[str, Any]) -> dict[str, int]:
     """Records per split: train, validation, test first (as is customary), then any others by name."""
     splits = manifest["splits"]
-    rank = {name: i for i, name in enumerate(SPLIT_ORDER)}
-    return {name: int(splits[name]["num_records"])
-            for name in sorted(splits, key=lambda n: (rank.get(n, len(rank)), n))}
+    return {name: int(splits[name]["num_records"]) for name in ordered_splits(splits)}
 
 
 def _prime(storage: Storage, uri: str) -> None:

@@ -19,11 +19,11 @@ from typing import Any
 
 from . import card_charts, card_plot
 from .card_charts import Block, Cell, Heading, Img, Para, Table, render_html, render_md
+from .manifest import ordered_splits
 
 Rows = Callable[[], Iterable[dict[str, str]]]
 SAMPLES, SAMPLE_CLASSES, CHART_CLASSES, LISTED_CLASSES = 6, 50, 50, 100
 EXAMPLES, REJECT_EXAMPLES = 10, 20
-SPLIT_ORDER = ("train", "validation", "valid", "val", "dev", "test")
 
 
 @dataclass(frozen=True)
@@ -329,7 +329,7 @@ class Card:
 
 def split_names(manifest: dict[str, Any]) -> list[str]:
     names = list(dict.fromkeys([*manifest.get("splits", {}), *manifest.get("params", {}).get("splits", {})]))
-    return sorted(names, key=lambda s: (SPLIT_ORDER.index(s) if s in SPLIT_ORDER else len(SPLIT_ORDER), s))
+    return ordered_splits(names)
 
 
 def build_card(manifest: dict, labels: Callable[[], Iterable[dict[str, str]]],

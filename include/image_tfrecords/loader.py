@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .csvio import read_json
+from .stages import LATEST, MANIFEST, SUCCESS
 from .storage import Storage, is_s3, join, sha256_file, split_s3
 
 if TYPE_CHECKING:
@@ -63,20 +64,20 @@ def resolve(uri: str, storage: Storage | None = None) -> str:
     storage = storage or Storage()
     uri = uri.rstrip("/")
     version = uri
-    if not storage.exists(join(uri, "dataset_info.json")):
+    if not storage.exists(join(uri, MANIFEST)):
         try:
-            latest = read_json(storage, join(uri, "latest.json"))
+            latest = read_json(storage, join(uri, LATEST))
         except FileNotFoundError:
             raise NotPublishedError(f"{uri}: no dataset_info.json (a version) nor latest.json (a dataset)") from None
         version = join(uri, str(latest["version"]))
-    if not storage.exists(join(version, "_SUCCESS")):
+    if not storage.exists(join(version, SUCCESS)):
         raise NotPublishedError(f"{version} has no _SUCCESS: it is not published (still being built, or failed)")
     return version
 
 
 def _manifest(uri: str, storage: Storage) -> tuple[str, dict[str, Any]]:
     version = resolve(uri, storage)
-    return version, read_json(storage, join(version, "dataset_info.json"))
+    return version, read_json(storage, join(version, MANIFEST))
 
 
 def info(uri: str, storage: Storage | None = None) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 # key -> dtype, as in the contract; every feature is a scalar (shape []).
@@ -20,6 +21,14 @@ FEATURES: dict[str, str] = {
 LABELS_FIELDS = ("filename", "label", "label_id", "split", "sha256", "width", "height", "channels", "format",
                  "num_bytes", "source_format", "transform", "encoded_sha256", "encoded_bytes")
 REJECTS_FIELDS = ("filename", "reason", "detail")
+# How splits are shown (cards, the datasets page): the customary ones in this order, then others by name.
+SPLIT_ORDER = ("train", "training", "validation", "valid", "val", "dev", "test", "eval")
+
+
+def ordered_splits(names: Iterable[str]) -> list[str]:
+    """``names`` in display order: train, validation, test (and their usual aliases) first."""
+    rank = {name: i for i, name in enumerate(SPLIT_ORDER)}
+    return sorted(names, key=lambda name: (rank.get(name, len(rank)), name))
 
 
 def example_features(row: dict[str, str], encoded: bytes) -> dict[str, bytes | int]:
