@@ -18,7 +18,13 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    `card/`): records per split and class, sample thumbnails, rejects, shard sizes, changes since
    the previous version, params;
 8. **publish** copies the build to `DEST/DATASET/VERSION/`, then writes `_SUCCESS`, then
-   moves `latest.json` forward.
+   moves `latest.json` forward;
+9. **clean_stale_staging** (a teardown: it runs whether the run succeeded or failed, and does not
+   decide the run's state) removes the staging of *other* versions that never published and were
+   untouched for `IMAGE_TFRECORDS_STAGING_GRACE_HOURS` (default 24), unless a build holds their lock.
+
+Two runs building the same version exclude each other: the first task takes a lock with a lease in
+the version's staging prefix; a second run's tasks fail at once with one line naming the holder.
 
 All intermediate files live under `DEST/DATASET/_staging/VERSION/` in the store, never on a
 worker's disk. Scheduled runs and backfills see the source as of their logical date (files modified at
@@ -29,6 +35,7 @@ write the same bytes. S3 access uses the Airflow connection `aws_default`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -36,7 +43,7 @@ from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag, get_current_context, task, teardown
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,7 @@ PUBLISHED_DATASET = Asset(name="image_tfrecords", group="ml-datasets")
 # airflow-init: `airflow pools set image_tfrecords 4 ...`) and points IMAGE_TFRECORDS_POOL at it.
 POOL = os.environ.get("IMAGE_TFRECORDS_POOL", "default_pool")
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
+STAGING_GRACE_HOURS = float(os.environ.get("IMAGE_TFRECORDS_STAGING_GRACE_HOURS", "24"))
 
 PARAMS = {
     "source": Param(DEFAULT_SOURCE, type="string", minLength=1, section="Input", title="Source",
@@ -76,6 +84,13 @@ PARAMS = {
     "max_reject_fraction": Param(0.2, type="number", minimum=0, maximum=1, section="Build", title="Max reject share",
                                  description="Fail before publishing if more than this share of the files is "
                                              "rejected (corrupt, duplicate, unsupported...)."),
+    "max_file_mb": Param(256, type="number", exclusiveMinimum=0, maximum=1_000_000, section="Bad input",
+                         title="Max file size (MB)",
+                         description="Files larger than this are rejected (too_large) without being read."),
+    "max_pixels": Param(89_478_485, type="integer", minimum=1, maximum=1_000_000_000, section="Bad input",
+                        title="Max pixels per image",
+                        description="Images with more pixels are rejected (too_many_pixels) before decoding; "
+                                    "lower it to bound a worker's memory (about 8 bytes per pixel at worst)."),
     "force": Param(False, type="boolean", section="Build", title="Rebuild even if unchanged",
                    description="Build and publish even when the source listing and params are the same as "
                                "the previous published version's (otherwise the run skips the work)."),
@@ -147,8 +162,9 @@ def _run(stage: str, **kwargs: Any) -> Any:
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from include.image_tfrecords import stages
+    from include.image_tfrecords import locking, stages
     from include.image_tfrecords.config import BuildConfig, ConfigError
+    from include.image_tfrecords.preflight import check_locations, os_error_line
     from include.image_tfrecords.storage import Storage, StorageError
 
     context = get_current_context()
@@ -157,11 +173,36 @@ def _run(stage: str, **kwargs: Any) -> Any:
         cfg = BuildConfig(source=params["source"], destination=params["destination"], dataset=params["dataset"],
                           version=run_version(context), splits=params["splits"], salt=params["salt"],
                           shard_size_mb=params["shard_size_mb"], compression=params["compression"],
-                          max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context))
+                          max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
+                          max_file_mb=params.get("max_file_mb", 256),
+                          max_pixels=params.get("max_pixels", 89_478_485))
+        storage = Storage(_s3_client)
+        if stage == "discover":
+            check_locations(cfg)
+        if stage not in ("discard", "clean_stale"):  # the lock dies with the staging prefix
+            owner = f"airflow:{context['dag'].dag_id}:{context['run_id']}"
+            locking.hold(storage, cfg.staging_uri, owner, locking.DAG_LEASE_SECONDS)
+        if stage == "clean_stale":
+            from include.image_tfrecords.cleanup import clean_staging
+
+            report = clean_staging(storage, cfg.dataset_uri, STAGING_GRACE_HOURS * 3600)
+            for entry in report:
+                log.info("staging %s (%d files, %.1f MB, %.1f h old): %s", entry["uri"], entry["files"],
+                         entry["bytes"] / 1e6, entry["age_hours"], entry["action"])
+            return {"removed": [e["version"] for e in report if e["action"] == "remove"],
+                    "kept": len([e for e in report if e["action"] != "remove"])}
         function = getattr(stages, f"{stage}_stage", None) or getattr(stages, stage)
-        return function(cfg, Storage(_s3_client), **kwargs)
+        return function(cfg, storage, **kwargs)
+    except locking.LockHeld as exc:
+        raise AirflowFailException(f"version {run_version(context)} is being built by another run: {exc}") from exc
     except (ConfigError, stages.BuildError, StorageError) as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+    except OSError as exc:  # a read-only or full destination, a full TMPDIR: one line; retried if it may pass
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR):
+            raise AirflowFailException(os_error_line(exc, params["destination"])) from exc
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise RuntimeError(os_error_line(exc, params["destination"])) from exc
+        raise
 
 
 @dag(
@@ -240,11 +281,16 @@ def image_tfrecords() -> None:
             key: result[key] for key in ("uri", "version", "num_records", "num_rejected", "splits", "latest")}
         return result
 
+    @teardown
+    def clean_stale_staging() -> dict[str, Any]:
+        """Remove the staging of other versions that never published (older than the grace period)."""
+        return _run("clean_stale")
+
     found = discover()
     inspected = inspect_images()
     source_changed(found) >> inspected
     shard_tasks = plan(split(inspected))
-    publish(card(validate(write_shards.expand(task_index=shard_tasks))))
+    publish(card(validate(write_shards.expand(task_index=shard_tasks)))) >> clean_stale_staging()
 
 
 image_tfrecords()

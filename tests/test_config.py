@@ -119,7 +119,7 @@ def test_to_dict_round_trips() -> None:
     assert cfg.to_dict() == {"source": "/data/flowers", "destination": "/data/out", "dataset": "flowers",
                              "version": "v1", "splits": {"a": 0.25, "b": 0.75}, "salt": "pepper",
                              "shard_size_mb": 0.5, "compression": "gzip", "max_reject_fraction": 0.5,
-                             "as_of": None}
+                             "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 
@@ -217,3 +217,32 @@ def test_config_is_frozen() -> None:
     cfg = _config()
     with pytest.raises(AttributeError):
         cfg.version = "v2"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("value", "hint"), [("s3:/bucket/x", "s3://bucket/x"), ("s3:bucket/x", "s3://bucket/x"),
+                                             ("S3://bucket/x", "s3://bucket/x"), ("s3a://bucket/x", "s3://bucket/x"),
+                                             ("gs://bucket/x", ""), ("https://host/x", "")])
+def test_url_typos_are_errors_not_local_folders(value: str, hint: str) -> None:
+    with pytest.raises(ConfigError, match="neither a local folder nor s3://bucket/prefix") as err:
+        _config(destination=value)
+    assert hint in str(err.value)
+    with pytest.raises(ConfigError):
+        _config(source=value)
+
+
+@pytest.mark.parametrize("value", ["s3://bucket//x", "s3://bucket/a/../b", "s3://bucket/./a"])
+def test_s3_prefixes_with_empty_or_dot_segments_are_errors(value: str) -> None:
+    with pytest.raises(ConfigError, match="path segment"):
+        _config(destination=value)
+
+
+def test_local_names_with_a_colon_are_written_with_a_dot_slash() -> None:
+    assert _config(destination="./s3:odd").destination == "./s3:odd"
+    assert _config(source="s3://bucket").source == "s3://bucket"
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_file_mb", 0), ("max_file_mb", -1), ("max_file_mb", True),
+                                              ("max_pixels", 0), ("max_pixels", 1.5), ("max_pixels", 2 * 10**9)])
+def test_limits_are_checked(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=field):
+        _config(**{field: value})

@@ -25,7 +25,8 @@ if dag is not None:
         "backoff": t.retry_exponential_backoff, "mapped": any(c.__name__ == "MappedOperator" for c in type(t).__mro__),
         "map_index_template": getattr(t, "map_index_template", None),
         "max_active_tis_per_dagrun": t.max_active_tis_per_dagrun,
-        "on_failure_callback": bool(t.on_failure_callback)} for t in dag.tasks}
+        "on_failure_callback": bool(t.on_failure_callback),
+        "is_teardown": bool(getattr(t, "is_teardown", False))} for t in dag.tasks}
     out["schedule"] = dag.timetable.expression
     out["catchup"] = dag.catchup
     out["tags"] = sorted(dag.tags)
@@ -64,7 +65,10 @@ def test_task_graph(dag_info: dict) -> None:
     assert {k: v["upstream"] for k, v in tasks.items()} == {
         "discover": [], "source_changed": ["discover"], "inspect_images": ["source_changed"],
         "split": ["inspect_images"], "plan": ["split"],
-        "write_shards": ["plan"], "validate": ["write_shards"], "card": ["validate"], "publish": ["card"]}
+        "write_shards": ["plan"], "validate": ["write_shards"], "card": ["validate"], "publish": ["card"],
+        "clean_stale_staging": ["publish"]}
+    # The cleanup runs whether the run failed or not, and does not decide the run's state.
+    assert [k for k, v in tasks.items() if v["is_teardown"]] == ["clean_stale_staging"]
     writer = tasks["write_shards"]
     assert writer["mapped"] is True
     assert writer["map_index_template"] == "{{ shard_label }}"
@@ -91,7 +95,8 @@ def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
     assert dag_info["params"]["compression"]["schema"]["enum"] == ["none", "gzip"]
     for name, param in dag_info["params"].items():
         assert param["schema"].get("title") and param["description"], name
-        assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build"), name
+        assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build", "Bad input"), name
+    assert (params["max_file_mb"], params["max_pixels"]) == (256, 89_478_485)
     BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force")}, version="20261101T020000Z")
 
 

@@ -125,7 +125,7 @@ def test_symlinks_are_not_followed(tmp_path: Path) -> None:
     os.symlink(source / "roses" / "a.jpg", source / "roses" / "inner_link.jpg")
     candidates, counts = _discover(Storage(), str(source))
     assert candidates == [Candidate("roses/a.jpg", label="roses", num_bytes=1)]
-    assert (counts.listed, counts.skipped) == (1, 0)
+    assert (counts.listed, counts.skipped, dict(counts.skipped_by_kind)) == (5, 4, {"symlink": 4})
 
 
 def test_empty_source(tmp_path: Path) -> None:

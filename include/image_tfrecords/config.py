@@ -8,11 +8,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .probe import MAX_PIXELS
 from .storage import is_s3, join
 from .tfrecord import COMPRESSIONS
 
 DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
+DEFAULT_MAX_FILE_MB = 256.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # used with fullmatch
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs:", "http:"
 
 
 class ConfigError(ValueError):
@@ -33,6 +36,26 @@ def parse_splits(text: str) -> dict[str, float]:
         except ValueError:
             raise ConfigError(f"split {name.strip()!r} has a fraction that is not a number: {value!r}") from None
     return splits
+
+
+def check_location(what: str, value: Any) -> str:
+    """A local path or ``s3://bucket/prefix``; URL-like typos (``s3:/b/x``, ``S3://``, ``gs://``) are errors,
+    never a local folder named ``s3:``."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} is required (a local folder or s3://bucket/prefix)")
+    if is_s3(value):
+        bucket, _, prefix = value[len("s3://"):].partition("/")
+        if not bucket:
+            raise ConfigError(f"{what} {value!r} has no bucket name")
+        if any(part in ("", ".", "..") for part in prefix.rstrip("/").split("/")) and prefix.strip("/"):
+            raise ConfigError(f"{what} {value!r} has an empty, '.' or '..' path segment")
+        return value
+    if _SCHEME.match(value):
+        rest = value.split(":", 1)[1].lstrip("/")
+        hint = f" (did you mean s3://{rest}?)" if value[:3].lower() == "s3:" or value[:4].lower() == "s3a:" else ""
+        raise ConfigError(f"{what} {value!r} is neither a local folder nor s3://bucket/prefix{hint}; "
+                          "write ./NAME for a local folder whose name has a ':'")
+    return value
 
 
 def check_splits(splits: Any) -> dict[str, float]:
@@ -65,15 +88,13 @@ class BuildConfig:
     compression: str = "none"
     max_reject_fraction: float = 0.2
     as_of: str | None = None  # ISO 8601 time: only files modified at or before it (None: all)
+    max_file_mb: float = DEFAULT_MAX_FILE_MB  # larger files are rejected (too_large) before they are read
+    max_pixels: int = MAX_PIXELS  # larger images are rejected (too_many_pixels) before they are decoded
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", check_splits(self.splits))
         for what in ("source", "destination"):
-            value = getattr(self, what)
-            if not isinstance(value, str) or not value.strip():
-                raise ConfigError(f"{what} is required (a local folder or s3://bucket/prefix)")
-            if is_s3(value) and not value[len("s3://") :].split("/")[0]:
-                raise ConfigError(f"{what} {value!r} has no bucket name")
+            check_location(what, getattr(self, what))
         for what in ("dataset", "version"):
             value = getattr(self, what)
             if not isinstance(value, str) or not _NAME.fullmatch(value):
@@ -93,6 +114,12 @@ class BuildConfig:
         if isinstance(self.max_reject_fraction, bool) or not isinstance(self.max_reject_fraction, int | float) \
                 or not 0 <= self.max_reject_fraction <= 1:
             raise ConfigError(f"max_reject_fraction must be a number in [0, 1], not {self.max_reject_fraction!r}")
+        if isinstance(self.max_file_mb, bool) or not isinstance(self.max_file_mb, int | float) \
+                or not 0 < self.max_file_mb <= 1_000_000:
+            raise ConfigError(f"max_file_mb must be a number in (0, 1000000], not {self.max_file_mb!r}")
+        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) \
+                or not 1 <= self.max_pixels <= 1_000_000_000:
+            raise ConfigError(f"max_pixels must be a whole number in [1, 1000000000], not {self.max_pixels!r}")
 
     @property
     def cutoff(self) -> datetime | None:
@@ -102,6 +129,10 @@ class BuildConfig:
     def fingerprint_params(self) -> dict[str, Any]:
         """The settings that decide a build's content (not where it goes or what it is called)."""
         return {k: v for k, v in asdict(self).items() if k not in ("destination", "version", "as_of")}
+
+    @property
+    def max_file_bytes(self) -> int:
+        return int(self.max_file_mb * 1_000_000)
 
     @property
     def dataset_uri(self) -> str:

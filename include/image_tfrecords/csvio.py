@@ -14,16 +14,16 @@ from .storage import Storage, is_s3
 
 
 @contextmanager
-def read_rows(storage: Storage, uri: str) -> Iterator[Iterator[dict[str, str]]]:
-    """Yield an iterator of dict rows for the CSV at ``uri`` (S3 objects are spooled to disk)."""
+def read_rows(storage: Storage, uri: str, errors: str = "strict") -> Iterator[csv.DictReader[str]]:
+    """Yield a DictReader of the CSV at ``uri`` (S3 objects are spooled to disk)."""
     if is_s3(uri):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "rows.csv")
             storage.download(uri, path)
-            with open(path, newline="", encoding="utf-8-sig") as f:
+            with open(path, newline="", encoding="utf-8-sig", errors=errors) as f:
                 yield csv.DictReader(f)
     else:
-        with open(uri, newline="", encoding="utf-8-sig") as f:
+        with open(uri, newline="", encoding="utf-8-sig", errors=errors) as f:
             yield csv.DictReader(f)
 
 

@@ -29,11 +29,13 @@ from .example import decode_example, encode_example
 from .manifest import FEATURES, LABELS_FIELDS, REJECTS_FIELDS, example_features, feature_spec
 from .parallel import batched_map, ordered_map
 from .probe import RejectedImage, inspect_image, stored_bytes
+from .reading import read_source
 from .splitting import DuplicateResolver, assign_split
 from .storage import HashingReader, HashingWriter, Storage, StorageError, is_s3, join
 from .tfrecord import CorruptRecordError, TFRecordWriter, read_records
 
 Progress = Callable[[int], None]
+TMP_PREFIX = ".tmp-"  # temporary files and folders inside a local staging prefix
 MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
 
 # Staging layout (relative to BuildConfig.staging_uri).
@@ -75,6 +77,7 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     unchanged = previous if previous and read_json(storage, join(cfg.dataset_uri, previous, MANIFEST)).get(
         "source_fingerprint") == fingerprint else None
     summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
+               "skipped_by_kind": dict(sorted(counts.skipped_by_kind.items())),
                "after_cutoff": counts.after_cutoff, "candidates": found.count, "rejected": rejects.count,
                "fingerprint": fingerprint, "previous_version": previous, "unchanged_since": unchanged}
     write_json(storage, _staged(cfg, DISCOVER_SUMMARY), summary)
@@ -91,13 +94,10 @@ def discard_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 
 
 # -- 2. inspect (the label CSV's facts) -----------------------------------------------------------
-def _inspect_one(storage: Storage, source: str, row: dict[str, str]) -> dict[str, Any]:
+def _inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict[str, Any]:
     try:
-        data = storage.read_bytes(join(source, row["filename"]))
-    except FileNotFoundError:
-        return {"filename": row["filename"], "reason": "unreadable", "detail": "file disappeared"}
-    try:
-        facts = inspect_image(data)
+        data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+        facts = inspect_image(data, cfg.max_pixels)
     except RejectedImage as exc:
         return {"filename": row["filename"], "reason": exc.reason, "detail": exc.detail}
     return {"filename": row["filename"], "label": row["label"], **vars(facts)}
@@ -110,7 +110,7 @@ def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress
     Runs on ``workers`` threads (decoders release the GIL), or on the ``processes`` pool (with
     ``workers`` processes) when given, which also spreads the per-file Python work.
     """
-    inspect = partial(_inspect_one, storage, cfg.source)
+    inspect = partial(_inspect_one, storage, cfg)
     with read_rows(storage, _staged(cfg, DISCOVERED)) as rows, \
             RowWriter(storage, _staged(cfg, INSPECTED), INSPECTED_FIELDS) as good, \
             RowWriter(storage, _staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects:
@@ -156,6 +156,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     summary = {"classes": classes, "previous_version": previous, "source_fingerprint": found["fingerprint"],
                "num_records": labels.count,
                "num_rejected": rejects.count, "num_skipped": skipped,
+               "skipped_by_kind": found.get("skipped_by_kind", {}),
                "rejects_by_reason": dict(sorted(reasons.items())),
                "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
                           for name, c in per_split.items()}}
@@ -272,11 +273,11 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
 
     def fetch(row: dict[str, str]) -> tuple[dict[str, str], bytes]:
         try:
-            return row, storage.read_bytes(join(cfg.source, row["filename"]))
-        except FileNotFoundError:
-            raise BuildError(f"{row['filename']} disappeared since it was inspected; rerun the build") from None
+            return row, read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+        except RejectedImage as exc:
+            raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
 
-    with tempfile.TemporaryDirectory(dir=_local_dir(_staged(cfg, "shards"))) as tmp:
+    with tempfile.TemporaryDirectory(dir=_local_dir(_staged(cfg, "shards")), prefix=TMP_PREFIX) as tmp:
         path = os.path.join(tmp, shard)
         with read_rows(storage, members_uri) as rows, open(path, "wb") as file, \
                 TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
@@ -284,8 +285,8 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
                 if hashlib.sha256(data).hexdigest() != row["sha256"]:
                     raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
                 try:
-                    encoded = stored_bytes(data, row)
-                except ValueError as exc:
+                    encoded = stored_bytes(data, row, cfg.max_pixels)
+                except (ValueError, RejectedImage) as exc:
                     raise BuildError(f"{row['filename']}: {exc}") from exc
                 writer.write(encode_example(example_features(row, encoded)))
                 progress(1)
@@ -418,12 +419,14 @@ def validate_stage(cfg: BuildConfig, storage: Storage, results: list[dict[str, A
     manifest = {
         "dataset": cfg.dataset, "version": cfg.version, "num_records": summary["num_records"],
         "num_rejected": summary["num_rejected"], "num_skipped": summary["num_skipped"],
-        "rejects_by_reason": summary["rejects_by_reason"], "classes": summary["classes"],
+        "skipped_by_kind": summary.get("skipped_by_kind", {}), "rejects_by_reason": summary["rejects_by_reason"],
+        "classes": summary["classes"],
         "previous_version": summary["previous_version"], "source_fingerprint": summary["source_fingerprint"],
         "as_of": cfg.as_of,
         "compression": cfg.compression, "features": feature_spec(), "splits": splits,
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
-                                         "shard_size_mb": cfg.shard_size_mb},
+                                         "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
+                                         "max_pixels": cfg.max_pixels},
     }
     write_json(storage, _staged(cfg, MANIFEST), manifest)
     return {"num_records": manifest["num_records"], "num_shards": sum(len(s["shards"]) for s in splits.values())}
@@ -451,11 +454,11 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     def fetch_image(row: dict[str, str]) -> bytes | None:
         """The record's image bytes, from the source (None if it changed or vanished since the build)."""
         try:
-            data = storage.read_bytes(join(cfg.source, row["filename"]))
+            data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
             if hashlib.sha256(data).hexdigest() != row["sha256"]:
                 return None
-            return stored_bytes(data, row)
-        except (FileNotFoundError, ValueError):
+            return stored_bytes(data, row, cfg.max_pixels)
+        except (RejectedImage, ValueError):
             return None
 
     files = build_card(manifest, _rows(storage, _staged(cfg, LABELS)), _rows(storage, _staged(cfg, REJECTS)),

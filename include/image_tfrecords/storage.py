@@ -13,13 +13,14 @@ import contextlib
 import hashlib
 import os
 import shutil
-import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, BinaryIO
+
+from . import localfs
 
 ClientFactory = Callable[[], Any]
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
@@ -31,11 +32,19 @@ class StorageError(RuntimeError):
 
 @dataclass(frozen=True)
 class FileInfo:
-    """A file or object found by a listing; ``key`` is relative to the listed URI."""
+    """A file or object found by a listing; ``key`` is relative to the listed URI.
+
+    With ``iter_files(..., everything=True)`` a listing also yields what is not a regular file
+    (``kind``: symlink, fifo, device, socket, other, or folder_marker for an empty S3 ``key/``) and
+    entries that cannot be candidates at all (``problem``: a reject reason, with ``detail``).
+    """
 
     key: str
     size: int
     modified: datetime
+    kind: str = "file"
+    problem: str = ""
+    detail: str = ""
 
 
 def is_s3(uri: str) -> bool:
@@ -177,10 +186,11 @@ class Storage:
             raise (_translate(exc, uri, self.s3) or exc) from exc
 
     # -- listing -------------------------------------------------------------------------
-    def iter_files(self, uri: str) -> Iterator[FileInfo]:
+    def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:
         """Every file below ``uri`` (recursively), keys relative to it, in sorted order.
 
-        Local symlinks are not followed: a link can point outside the tree.
+        Local symlinks are never followed (see ``localfs``). By default only regular files are
+        yielded; ``everything`` also yields the other entries a source listing must account for.
         """
         if is_s3(uri):
             bucket, prefix = split_s3(uri)
@@ -189,38 +199,37 @@ class Storage:
             try:
                 for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
                     for obj in page.get("Contents", []):
-                        if not obj["Key"].endswith("/"):
-                            yield FileInfo(obj["Key"][len(prefix) :], obj["Size"], obj["LastModified"])
+                        key = obj["Key"][len(prefix) :]
+                        if not key.endswith("/"):
+                            yield FileInfo(key, obj["Size"], obj["LastModified"])
+                        elif everything:  # an empty "folder/" object is a console's folder marker
+                            yield FileInfo(key, obj["Size"], obj["LastModified"],
+                                           "folder_marker" if not obj["Size"] else "file")
             except Exception as exc:
                 raise (_translate(exc, uri, self.s3) or exc) from exc
             return
         if not os.path.isdir(uri):
             raise StorageError(f"{uri} is not a folder")
-        yield from self._walk_local(uri, "")
-
-    def _walk_local(self, root: str, rel: str) -> Iterator[FileInfo]:
-        # Sorting folders as "name/" makes the walk yield full keys in sorted order, as S3 lists them.
-        # Only the names of one folder are held (not DirEntry objects: about 5x smaller).
-        folder = os.path.join(root, rel) if rel else root
-        with os.scandir(folder) as it:
-            names, folders = [], set()
-            for entry in it:
-                names.append(entry.name)
-                if entry.is_dir(follow_symlinks=False):
-                    folders.add(entry.name)
-        names.sort(key=lambda name: name + "/" if name in folders else name)
-        for name in names:
-            key = f"{rel}/{name}" if rel else name
-            try:
-                st = os.lstat(os.path.join(folder, name))
-            except FileNotFoundError:  # removed while listing
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                yield from self._walk_local(root, key)
-            elif stat.S_ISREG(st.st_mode):  # symlinks are not followed, other kinds are not files
-                yield FileInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+        try:
+            for entry in localfs.walk(uri):
+                if everything or (entry.kind == "file" and not entry.problem):
+                    yield FileInfo(entry.key, entry.size, entry.modified, entry.kind, entry.problem, entry.detail)
+        except PermissionError:
+            raise StorageError(f"cannot read the folder {uri}: permission denied") from None
 
     # -- reading -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def open_source(self, source: str, key: str) -> Iterator[tuple[BinaryIO, int]]:
+        """A source file's stream and size. Local files are opened confined to ``source``: no symlink
+        is followed, and only a regular file is opened (``localfs.NotARegularFile`` otherwise)."""
+        if is_s3(source):
+            with self.open_read(join(source, key)) as body:
+                yield body, -1  # the listing knows the size
+            return
+        file, size = localfs.open_file(source, key)
+        with file:
+            yield file, size
+
     def exists(self, uri: str) -> bool:
         if not is_s3(uri):
             return os.path.isfile(uri)
@@ -353,8 +362,9 @@ class Storage:
         """Content and a version tag (ETag or mtime) for compare-and-swap; (None, None) if absent."""
         if not is_s3(uri):
             try:
-                with open(uri, "rb") as f:
-                    return f.read(), str(os.fstat(f.fileno()).st_mtime_ns)
+                with open(uri, "rb") as f:  # mtime alone can miss a write in the same clock tick
+                    data = f.read()
+                    return data, f"{os.fstat(f.fileno()).st_mtime_ns}-{hashlib.sha256(data).hexdigest()[:16]}"
             except FileNotFoundError:
                 return None, None
         from botocore.exceptions import ClientError
@@ -398,6 +408,15 @@ class Storage:
             return True
         finally:
             os.close(lock)
+
+    def delete(self, uri: str) -> None:
+        """Delete one file or object; nothing happens if it does not exist."""
+        if not is_s3(uri):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(uri)
+            return
+        bucket, key = split_s3(uri)
+        self._s3_call(uri, "delete_object", Bucket=bucket, Key=key)
 
     @staticmethod
     def _atomic_local(path: str, fill: Callable[[BinaryIO], object]) -> None:
