@@ -111,7 +111,7 @@ def build_zoo(root: Path, outside: Path) -> tuple[dict[str, str], dict[str, str]
     }
     transforms = {"cats/rotated.jpg": "exif_rotate", "cats/cmyk.jpg": "cmyk_to_rgb", "cats/still.gif": "to_png",
                   "cats/bitmap.bmp": "to_png", "cats/web.webp": "to_png", "cats/scan.tif": "to_png"}
-    skipped = 4  # .DS_Store, Thumbs.db, readme.txt, .hidden/sneaky.jpg
+    skipped = 6  # .DS_Store, Thumbs.db, readme.txt, .hidden/sneaky.jpg; two symlinks (counted, never followed)
     return rejects, transforms, skipped
 
 
@@ -137,6 +137,7 @@ def test_every_kind_of_bad_input_gets_a_defined_outcome(tmp_path: Path) -> None:
     assert rejects == expected_rejects
     manifest, splits = read_version(Storage(), str(version))
     assert manifest["num_skipped"] == skipped
+    assert manifest["skipped_by_kind"] == {"not_an_image_name": 4, "symlink": 2}
     assert manifest["classes"] == ["cats", "dogs"]
 
     labels = {row["filename"]: row for row in read_csv(version / "labels.csv")}

@@ -110,17 +110,17 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
     expected = stages.write_shard(ref_cfg, s3_storage, shard)
 
     members = _members(s3_storage, cfg, shard)
-    blocked = source / members[len(members) // 2][1]
-    original = blocked.read_bytes()
-    blocked.unlink()
-    os.mkfifo(blocked)  # reading it blocks: the writer stops in the middle of the shard
+    blocked = members[len(members) // 2][1]  # reading it hangs: the writer stops in the middle of the shard
     work = tmp_path / "tmp"
     work.mkdir()
-    code = ("import sys; from include.image_tfrecords import stages; "
+    code = ("import sys, time; from include.image_tfrecords import stages; "
             "from include.image_tfrecords.config import BuildConfig; "
             "from include.image_tfrecords.storage import Storage; import json; "
+            "read = stages.read_source; "
+            "stages.read_source = lambda s, src, name, *a: time.sleep(3600) if name == sys.argv[3] "
+            "else read(s, src, name, *a); "
             "stages.write_shard(BuildConfig(**json.loads(sys.argv[1])), Storage(), sys.argv[2])")
-    writer = subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg.to_dict()), shard], cwd=ROOT,
+    writer = subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg.to_dict()), shard, blocked], cwd=ROOT,
                               env={**os.environ, **s3_env, "TMPDIR": str(work)})
     try:
         _wait_for(lambda: any(p.stat().st_size > 0 for p in work.rglob(shard)), 60, "a partial shard on disk")
@@ -135,8 +135,6 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
     assert not s3_storage.exists(join(cfg.staging_uri, "receipts", shard + ".json"))
     assert not list(s3_storage.iter_files(cfg.version_uri))
 
-    blocked.unlink()
-    blocked.write_bytes(original)
     retried = stages.write_shard(cfg, s3_storage, shard)  # what the task's retry does
     assert (retried["sha256"], retried["num_bytes"]) == (expected["sha256"], expected["num_bytes"])
     assert s3_storage.sha256_of(join(cfg.staging_uri, "shards", shard)) == expected["sha256"]

@@ -13,6 +13,8 @@ from include.image_tfrecords import localfs
 from include.image_tfrecords.discovery import bad_key
 from include.image_tfrecords.localfs import NotARegularFile, open_file, walk
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def _tree(root: Path, files: dict[str, bytes]) -> Path:
     for name, data in files.items():
@@ -66,8 +68,34 @@ def test_deep_nesting_is_a_problem_not_a_recursion_error(tmp_path: Path) -> None
     finally:
         os.close(fd)
     (tmp_path / "ok.png").write_bytes(b"1")
-    entries = list(walk(str(tmp_path)))
+    try:
+        entries = list(walk(str(tmp_path)))
+    finally:
+        remove_deep_tree(str(tmp_path / "d"))
     assert [(e.key.count("/"), e.problem) for e in entries] == [(localfs.MAX_DEPTH, "path_too_long"), (0, "")]
+
+
+def remove_deep_tree(top: str) -> None:
+    """Remove a folder tree of any depth (shutil.rmtree, and pytest's cleanup, recurse and fail at ~1000 levels)."""
+    os.chdir(os.path.dirname(top))
+    try:
+        while os.path.isdir(os.path.basename(top)):
+            os.chdir(os.path.basename(top))
+            depth = 1
+            while True:  # descend to the deepest folder, then remove it and go up one level at a time
+                subdirs = [e.name for e in os.scandir(".") if e.is_dir(follow_symlinks=False)]
+                if not subdirs:
+                    break
+                os.chdir(subdirs[0])
+                depth += 1
+            for _ in range(depth):
+                for entry in os.scandir("."):
+                    os.unlink(entry.name)
+                here = os.path.basename(os.getcwd())
+                os.chdir("..")
+                os.rmdir(here)
+    finally:
+        os.chdir(ROOT)
 
 
 def test_open_file_refuses_links_fifos_and_linked_folders(tmp_path: Path) -> None:

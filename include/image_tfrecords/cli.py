@@ -263,6 +263,16 @@ def _left_behind(cfg: BuildConfig, storage: Storage) -> str:
             f"--dataset {cfg.dataset} --older-than-hours 0`")
 
 
+def _staging_hint(cfg: BuildConfig | None) -> str:
+    """For a failed build that left a local staging folder: where it is and how to remove it."""
+    if cfg is None or is_s3(cfg.staging_uri) or not os.path.isdir(cfg.staging_uri):
+        return ""
+    with contextlib.suppress(OSError):
+        _remove_temporaries(cfg.staging_uri)
+    return (f" (staging kept at {cfg.staging_uri}: rerun with --version {cfg.version} to resume, or "
+            f"`{PROG} clean --destination {cfg.destination} --dataset {cfg.dataset}`)")
+
+
 def _remove_temporaries(folder: str) -> None:
     """Remove the half-written temporary files a stopped worker left inside a local staging folder."""
     for dirpath, dirnames, filenames in os.walk(folder):
@@ -312,14 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"another --version: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, stages.BuildError, StorageError, StoreUnreachable, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{_staging_hint(cfg)}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     except OSError as exc:
         if exc.errno not in USER_ERRNOS:
             raise
         where = cfg.destination if cfg else "?"
-        print(f"error: {os_error_line(exc, f'{where} or the temporary folder {tempfile.gettempdir()}')}",
-              file=sys.stderr)
+        print(f"error: {os_error_line(exc, f'{where} or the temporary folder {tempfile.gettempdir()}')}"
+              f"{_staging_hint(cfg)}", file=sys.stderr)
         return 1
     except Exception as exc:  # connection and credential problems from boto3
         from botocore.exceptions import BotoCoreError, ClientError
