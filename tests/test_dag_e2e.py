@@ -150,3 +150,30 @@ def test_secret_never_in_task_logs_or_published_files(airflow_env: dict[str, str
     texts.append(result.stdout + result.stderr)
     assert len(texts) > 3
     assert not [text[:200] for text in texts if s3_server.secret_key in text]
+
+
+def test_dag_runs_of_one_version_exclude_each_other_and_stale_staging_is_cleaned(
+        airflow_env: dict[str, str], s3_server: S3Server, s3_source: str, bucket: str, s3_storage: Storage) -> None:
+    from include.image_tfrecords import locking
+
+    root = f"s3://{bucket}/datasets/shapes"
+    conf = {"source": s3_source, "destination": f"s3://{bucket}/datasets", "dataset": "shapes", "version": "v7"}
+    locking.hold(s3_storage, f"{root}/_staging/v7", "airflow:image_tfrecords:another-run", 600)
+    blocked = dags_test(airflow_env, s3_server, "2026-11-03T02:00:00+00:00", conf)
+    output = blocked.stdout + blocked.stderr
+    assert blocked.returncode != 0
+    assert "version v7 is being built by another run" in output and "another-run" in output
+    assert "[DAG TEST] starting task_id=inspect_images" not in output  # failed at once, nothing else ran
+    assert not s3_storage.exists(f"{root}/v7/_SUCCESS")
+
+    # An abandoned build of another version (no lock) is removed by the teardown; staging can only be aged
+    # on a local destination, so on S3 the grace period is set to 0 for this run.
+    s3_storage.write_bytes(f"{root}/_staging/v0-abandoned/discovered.csv", b"filename,label,num_bytes\n")
+    locking.release(s3_storage, f"{root}/_staging/v7", "airflow:image_tfrecords:another-run")
+    done = dags_test({**airflow_env, "IMAGE_TFRECORDS_STAGING_GRACE_HOURS": "0"}, s3_server,
+                     "2026-11-03T02:00:00+00:00", conf)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    assert "[DAG TEST] starting task_id=clean_stale_staging" in output
+    assert s3_storage.exists(f"{root}/v7/_SUCCESS")
+    assert not list(s3_storage.iter_files(f"{root}/_staging")), "own staging published, abandoned one cleaned"
