@@ -3,8 +3,10 @@
     python bench/run.py [--rounds 3] [--scale 10000,100000] [--out BENCHMARKS.md]
     python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
 
-Main table, on the flowers-sized corpus of ``../shared/bench/make_corpus.py`` (run from its folder),
-every contender once per round in a rotating order, the median of ``--rounds``:
+Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (photo pixels from Debian's
+mate-backgrounds, or synthetic photos where that package cannot be fetched; ``--smoke`` always uses
+the synthetic ones, so ``make test`` needs no network), every contender once per round in a rotating
+order, the median of ``--rounds``:
 
 (a) ``bench/seed_convert.py --threads 1``: the tutorials' converter, one process;
 (b) the same with 2 threads, as build_image_data.py does;
@@ -42,7 +44,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-MAKE_CORPUS = ROOT.parent / "shared" / "bench" / "make_corpus.py"
+MAKE_CORPUS = ROOT / "bench" / "make_corpus.py"
 PY = sys.executable
 AIRFLOW = str(Path(PY).with_name("airflow"))
 sys.path.insert(0, str(ROOT))
@@ -131,21 +133,21 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | N
 
 
 # -- corpora ---------------------------------------------------------------------------------------
-def make_corpus(images: int, work: Path, parts: int = 1) -> Path:
+def make_corpus(images: int, work: Path, parts: int = 1, synthetic: bool = False) -> Path:
     """The make_corpus.py corpus of ``images`` images (cached); big ones are made in ``parts`` processes
     with seeds 1..parts and merged by hard links (file names are random, so they do not collide)."""
-    work = work.resolve()  # make_corpus.py runs in its own folder
-    target = work / f"corpus-{images}"
+    work = work.resolve()
+    target = work / f"corpus-{images}{'-synthetic' if synthetic else ''}"
     if (target / ".complete").exists():
         return target
     shutil.rmtree(target, ignore_errors=True)
+    extra = ["--synthetic"] if synthetic else []
     if parts <= 1:
-        subprocess.run([PY, MAKE_CORPUS.name, str(target), "--images", str(images)], cwd=MAKE_CORPUS.parent,
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([PY, str(MAKE_CORPUS), str(target), "--images", str(images), *extra], check=True)
     else:
         pieces = [work / f"corpus-{images}.part{i}" for i in range(parts)]
-        procs = [subprocess.Popen([PY, MAKE_CORPUS.name, str(piece), "--images", str(images // parts),
-                                   "--seed", str(i + 1)], cwd=MAKE_CORPUS.parent, stdout=subprocess.DEVNULL)
+        procs = [subprocess.Popen([PY, str(MAKE_CORPUS), str(piece), "--images", str(images // parts),
+                                   "--seed", str(i + 1), *extra])
                  for i, piece in enumerate(pieces)]
         if any(p.wait() for p in procs):
             raise RuntimeError("make_corpus.py failed")
@@ -425,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     print(f"corpus of {args.images} images ...", flush=True)
-    corpus = make_corpus(args.images, work)
+    corpus = make_corpus(args.images, work, synthetic=args.smoke)
     dag = None if args.no_dag else DagRunner(work / "dag")
     try:
         contenders = main_table(corpus, work, args.rounds, dag)
@@ -439,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale: dict[int, Any] = {}
     for images in [int(n) for n in args.scale.split(",") if n.strip()]:
         print(f"scale run: {images} images ...", flush=True)
-        scaled = make_corpus(images, work, parts=1 if images <= 20_000 else 2)
+        scaled = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=args.smoke)
         scale[images] = run_stages(scaled, work)
         scale[images]["megabytes"] = corpus_facts(scaled)[1] / 1e6
     chart_path = out.with_name("benchmarks.png") if not args.smoke else out.with_suffix(".png")

@@ -38,3 +38,25 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert len(data["targets"]) >= 6
     chart = Image.open(io.BytesIO(out.with_suffix(".png").read_bytes()))
     assert chart.format == "PNG" and chart.size[0] >= 600
+
+
+def test_corpus_is_the_projects_own_and_reproducible(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from make_corpus import make_corpus
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    first, again, other = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    count, nbytes, source = make_corpus(str(first), images=12, seed=3, synthetic=True)
+    make_corpus(str(again), images=12, seed=3, synthetic=True)
+    make_corpus(str(other), images=12, seed=4, synthetic=True)
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert count == len(files) >= 5 and nbytes == sum((first / f).stat().st_size for f in files)
+    assert "synthetic" in source
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert all((first / f).read_bytes() == (again / f).read_bytes() for f in files)
+    assert {p.read_bytes() for p in other.rglob("*") if p.is_file()}.isdisjoint((first / f).read_bytes() for f in files)
+    for f in files:
+        image = Image.open(first / f)
+        image.load()
+        assert 400 <= max(image.size) <= 640 and image.mode == "RGB"
