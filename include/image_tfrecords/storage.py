@@ -4,6 +4,14 @@ Every write is atomic: local files go to a temporary name and are renamed; S3 ob
 single PUTs that carry a SHA-256 the server verifies (a mismatch is rejected, never stored).
 S3 clients come from a factory so callers decide where credentials come from: the Airflow
 connection inside Airflow, boto3's standard environment on the command line.
+
+Every S3 call has a deadline, whatever client config it was made with: botocore's timeouts apply to
+each socket read, so an endpoint that trickles a byte every few seconds would hold a call forever.
+A call (a listing page, a PUT, a body read) runs in a daemon thread and is abandoned past
+``IMAGE_TFRECORDS_S3_DEADLINE_SECONDS`` (default 300) plus the time its bytes take at
+``IMAGE_TFRECORDS_S3_MIN_RATE_MBPS`` (default 1 MB/s); the caller gets StoreUnreachable naming the
+endpoint and bucket. ``IMAGE_TFRECORDS_S3_TIMEOUT_SECONDS`` (default 60) is the connect and read
+timeout of the command line's client.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +33,9 @@ from typing import Any, BinaryIO
 from . import localfs
 
 ClientFactory = Callable[[], Any]
+DEADLINE_ENV, MIN_RATE_ENV, TIMEOUT_ENV = ("IMAGE_TFRECORDS_S3_DEADLINE_SECONDS", "IMAGE_TFRECORDS_S3_MIN_RATE_MBPS",
+                                           "IMAGE_TFRECORDS_S3_TIMEOUT_SECONDS")
+_BODY_CHUNK = 1 << 20
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 
 
@@ -124,36 +137,95 @@ def default_s3_client() -> Any:
     style = os.environ.get("AWS_S3_ADDRESSING_STYLE") or (
         "path" if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") else "auto"
     )
+    timeout = float(os.environ.get(TIMEOUT_ENV, "60"))
     config = Config(
         s3={"addressing_style": style},
         retries={"mode": "standard", "max_attempts": 5},
-        connect_timeout=10,
-        read_timeout=60,
+        connect_timeout=min(10.0, timeout),
+        read_timeout=timeout,
     )
-    return boto3.client("s3", config=config, region_name=os.environ.get("AWS_REGION", "us-east-1"))
+    # A session of its own: the default one caches the credentials it first found in the environment.
+    return boto3.session.Session().client("s3", config=config, region_name=os.environ.get("AWS_REGION", "us-east-1"))
+
+
+def _error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore ClientError ("" for anything else, even with ``response=None``)."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    return str(error.get("Code", "")) if isinstance(error, dict) else ""
 
 
 def _is_missing(exc: Exception) -> bool:
     """True for the S3 errors that mean the object (key) does not exist."""
-    return getattr(exc, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound")
+    return _error_code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
 class StoreUnreachable(RuntimeError):
     """The S3 endpoint does not answer; retrying later may help (Airflow retries these)."""
 
 
-def _translate(exc: Exception, uri: str, client: Any) -> Exception | None:
+class _DeadlinePassed(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no complete answer within the {seconds:.0f} s deadline")
+
+
+def deadline_seconds(num_bytes: int = 0) -> float:
+    """How long one S3 call moving ``num_bytes`` may take."""
+    base = float(os.environ.get(DEADLINE_ENV, "300"))
+    rate = float(os.environ.get(MIN_RATE_ENV, "1")) * 1e6
+    return base + max(0, num_bytes) / max(rate, 1.0)
+
+
+def _within(seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or _DeadlinePassed after ``seconds`` (the call is left to a daemon thread,
+    which never holds up the exit of the process)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="s3-call", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise _DeadlinePassed(seconds)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+_NETWORK_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Every exception type that means the endpoint failed us on the wire (not an S3 answer)."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError, IncompleteReadError, ResponseStreamingError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    return (*_NETWORK_ERRORS, BotoConnectionError, HTTPClientError, IncompleteReadError, ResponseStreamingError,
+            Urllib3Error, _DeadlinePassed)
+
+
+def _translate(exc: BaseException, uri: str, client: Any) -> Exception | None:
     """A one-line error naming endpoint and bucket (never a secret) for known failures, else None.
 
     StorageError: retrying cannot fix it (credentials, missing bucket). StoreUnreachable: it can.
     """
-    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.parsers import ResponseParserError
 
     endpoint = getattr(getattr(client, "meta", None), "endpoint_url", "?")
     bucket = split_s3(uri)[0] if is_s3(uri) else "?"
-    if isinstance(exc, BotoConnectionError):
-        return StoreUnreachable(f"cannot reach the S3 endpoint {endpoint} (bucket {bucket!r}): {type(exc).__name__}")
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+    if isinstance(exc, _network_errors()):
+        why = str(exc) if isinstance(exc, _DeadlinePassed) else type(exc).__name__
+        return StoreUnreachable(f"cannot reach the S3 endpoint {endpoint} (bucket {bucket!r}): {why}")
+    if isinstance(exc, ResponseParserError):
+        return StoreUnreachable(f"the S3 endpoint {endpoint} (bucket {bucket!r}) answered something that is not "
+                                "an S3 response")
+    code = _error_code(exc)
     if code == "NoSuchBucket":
         return StorageError(f"bucket {bucket!r} does not exist at {endpoint}")
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken"):
@@ -178,12 +250,19 @@ class Storage:
         return self._client
 
     def _s3_call(self, uri: str, method: str, **kwargs: Any) -> Any:
+        """One client call under its deadline; errors translated (see ``_translate``); a streaming
+        ``Body`` in the result is wrapped so that reading it has a deadline too."""
         from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.parsers import ResponseParserError
 
+        client = self.s3
         try:
-            return getattr(self.s3, method)(**kwargs)
-        except (ClientError, BotoCoreError) as exc:
-            raise (_translate(exc, uri, self.s3) or exc) from exc
+            result = _within(deadline_seconds(_body_size(kwargs.get("Body"))), getattr(client, method), **kwargs)
+        except (ClientError, BotoCoreError, ResponseParserError, *_network_errors()) as exc:
+            raise (_translate(exc, uri, client) or exc) from exc
+        if isinstance(result, dict) and hasattr(result.get("Body"), "read"):
+            result["Body"] = DeadlineBody(result["Body"], int(result.get("ContentLength") or 0), uri, client)
+        return result
 
     # -- listing -------------------------------------------------------------------------
     def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:
@@ -197,7 +276,8 @@ class Storage:
             prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
             paginator = self.s3.get_paginator("list_objects_v2")
             try:
-                for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                pages = iter(paginator.paginate(Bucket=bucket, Prefix=prefix))
+                while (page := _within(deadline_seconds(), next, pages, None)) is not None:
                     for obj in page.get("Contents", []):
                         key = obj["Key"][len(prefix) :]
                         if not key.endswith("/"):
@@ -282,7 +362,7 @@ class Storage:
         bucket, key = split_s3(uri)
         body = self._s3_call(uri, "get_object", Bucket=bucket, Key=key)["Body"]
         with open(path, "wb") as f:
-            for chunk in body.iter_chunks(1 << 20):
+            while chunk := body.read(_BODY_CHUNK):
                 f.write(chunk)
 
     # -- writing -------------------------------------------------------------------------
@@ -434,6 +514,54 @@ class Storage:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+def _body_size(body: Any) -> int:
+    """Bytes an upload sends (0 when unknown)."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return len(body)
+    try:
+        return os.fstat(body.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+class DeadlineBody:
+    """An S3 response body whose reading has a deadline (base + its size at the minimum rate).
+
+    Reads are served from a buffer refilled ~1 MB at a time in a daemon thread, so callers that
+    read record by record do not start a thread per read. Failures become StoreUnreachable.
+    """
+
+    def __init__(self, body: Any, size: int, uri: str, client: Any) -> None:
+        self._body, self._uri, self._client = body, uri, client
+        self._deadline = time.monotonic() + deadline_seconds(size)
+        self._buffer, self._pos, self._eof = b"", 0, False
+
+    def _refill(self) -> None:
+        remaining = self._deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise _DeadlinePassed(deadline_seconds(0))
+            chunk = _within(remaining, self._body.read, _BODY_CHUNK)
+        except Exception as exc:
+            raise (_translate(exc, self._uri, self._client) or exc) from exc
+        self._buffer, self._pos = self._buffer[self._pos:] + (chunk or b""), 0
+        self._eof = not chunk
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._eof and (size < 0 or len(self._buffer) - self._pos < size):
+            self._refill()
+        end = len(self._buffer) if size < 0 else min(len(self._buffer), self._pos + size)
+        data = self._buffer[self._pos:end]
+        self._pos = end
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._body.close()
 
 
 def _copy_into(src: str, f: BinaryIO, digest: Any = None) -> None:
