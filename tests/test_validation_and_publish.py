@@ -197,7 +197,7 @@ def test_a_file_that_vanishes_before_inspection_is_rejected(where: str, sample_d
         (Path(source) / gone).unlink()
     assert stages.inspect_stage(cfg, storage)["rejected"] == 1
     rejects = storage.read_text(join(cfg.staging_uri, "rejects-inspect.csv")).splitlines()
-    assert rejects == ["filename,reason,detail", f"{gone},unreadable,file disappeared"]
+    assert rejects == ["filename,reason,detail", f"{gone},unreadable,file disappeared since it was listed"]
 
 
 def test_same_content_in_two_splits_fails_validation(sample_dir: Path, tmp_path: Path) -> None:

@@ -15,8 +15,17 @@ H x W x C image):
   (JPEG quality 95, PNG lossless); width and height are the upright ones;
 - GIF, BMP, WebP, TIFF with a single frame: converted losslessly to PNG;
 - animations and multi-page files (GIF, WebP, APNG, TIFF): rejected (``multi_frame``), since
-  picking one frame would silently drop the rest;
+  picking one frame would silently drop the rest; decided from the first two frames only, never by
+  counting them all (a 100k-page TIFF costs what a 2-page one does);
+- a JPEG with secondary images (MPO: what phones and cameras write for depth maps, gain maps,
+  previews; Pillow sees frames): the primary image is what every decoder shows, so it is stored as is;
+- a JPEG with more than ``MAX_JPEG_SCANS`` scans: rejected (``too_complex``) before decoding; real
+  encoders write about 10, and each scan costs a pass over the image (20,000 scans took minutes);
 - anything else: rejected with a reason.
+
+Memory per image is bounded: the pixel count is checked before any decoding (``max_pixels``), JPEGs
+are decoded at 1/8 scale, and PNGs (interlaced or not) are checked by streaming their image data
+through inflate 1 MB at a time, never holding their pixels. Only transcoding decodes full pixels.
 """
 
 from __future__ import annotations
@@ -35,8 +44,11 @@ _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 
 _PNG_KEEP = frozenset({"1", "L", "LA", "RGB", "RGBA", "P", "I;16", "I;16B"})
 _PNG_CONVERT = {"CMYK": "RGB", "YCbCr": "RGB", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "RGBX": "RGB"}
 MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
+MAX_JPEG_SCANS = 100  # real encoders write 1 (baseline) to ~10 (progressive) scans
+_INFLATE_PIECE = 1 << 20
+# Adam7 passes: (x start, y start, x step, y step)
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 JPEG_QUALITY = 95
-_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: libpng (and TensorFlow) need it
 _ORIENTATION = 0x0112
 _OBJECT_REPR = re.compile(r" ?<[^<>]* at 0x[0-9a-fA-F]+>")
 _PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # samples per pixel by IHDR colour type
@@ -102,22 +114,22 @@ def _open(data: bytes, fmt: str, max_pixels: int) -> Any:
 def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[int, int]]:
     """Open and check the whole bitstream; returns the image and its full size; raise RejectedImage if broken.
 
-    JPEGs are decoded in draft mode; non-interlaced PNGs are checked without building pixels
-    (``_check_png_stream``), others are fully decoded.
+    JPEGs are decoded in draft mode; PNGs are checked without building pixels (``_check_png_stream``),
+    others are fully decoded.
     """
     try:
         image = _open(data, fmt, max_pixels)
         size = image.size  # before draft mode shrinks it
-        if getattr(image, "n_frames", 1) > 1:
-            raise RejectedImage("multi_frame", f"{fmt} with {image.n_frames} frames")
-        if fmt == "png" and not image.info.get("interlace"):
+        if fmt == "jpeg":
+            _check_jpeg_scans(data)
+        elif getattr(image, "is_animated", False):  # looks at the second frame only, never counts them all
+            raise RejectedImage("multi_frame", f"{fmt} with more than one frame")
+        if fmt == "png":
             _check_png_stream(data)
             return image, size
         if fmt == "jpeg":
             image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
         image.load()
-        if fmt == "png" and data.rfind(_PNG_END) < 0:
-            raise RejectedImage("corrupt", "PNG ends before its IEND chunk")
         return image, size
     except RejectedImage:
         raise
@@ -125,16 +137,70 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
         raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
 
 
+def _check_jpeg_scans(data: bytes) -> None:
+    """Reject a JPEG whose primary image has more than MAX_JPEG_SCANS scans (SOS markers).
+
+    Inside entropy-coded data a 0xFF byte is always followed by 0x00 or a restart marker, so the
+    SOS markers between the first scan and the end of the image can be counted without parsing
+    them (in C: ``bytes.count``)."""
+    first = data.find(b"\xff\xda")
+    if first < 0:
+        return
+    end = data.find(b"\xff\xd9", first)
+    scans = data.count(b"\xff\xda", first, end if end > 0 else len(data))
+    if scans > MAX_JPEG_SCANS:
+        raise RejectedImage("too_complex", f"JPEG with {scans} scans (more than {MAX_JPEG_SCANS}): every scan "
+                                           "is a pass over the whole image")
+
+
+def _row_layout(width: int, height: int, bits_per_pixel: int, interlaced: bool) -> list[tuple[int, int, int]]:
+    """(offset, stride, rows) of each block of rows in the inflated image data: one block, or one per
+    non-empty Adam7 pass. Each row is a filter byte plus its samples."""
+    passes = _ADAM7 if interlaced else ((0, 0, 1, 1),)
+    layout, offset = [], 0
+    for x0, y0, dx, dy in passes:
+        columns, rows = (width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy
+        if columns <= 0 or rows <= 0:
+            continue  # an empty pass has no rows, not even filter bytes
+        stride = 1 + (columns * bits_per_pixel + 7) // 8
+        layout.append((offset, stride, rows))
+        offset += stride * rows
+    return layout
+
+
+class _RowChecker:
+    """Checks the filter byte of every row as inflated pieces of image data stream by."""
+
+    def __init__(self, layout: list[tuple[int, int, int]]) -> None:
+        self.layout = layout
+        self.expected = sum(stride * rows for _, stride, rows in layout)
+        self.seen = 0
+
+    def feed(self, piece: bytes) -> None:
+        import numpy as np
+
+        start, end = self.seen, self.seen + len(piece)
+        values = np.frombuffer(piece, np.uint8)
+        for offset, stride, rows in self.layout:
+            first = max(0, -(-(start - offset) // stride))
+            last = min(rows, -(-(end - offset) // stride))
+            if first < last and values[offset + first * stride - start:offset + last * stride - start:stride].max() > 4:
+                raise RejectedImage("corrupt", "PNG row with an unknown filter type")
+        self.seen = end
+
+
 def _check_png_stream(data: bytes) -> None:
-    """Check a non-interlaced PNG the way libpng reads it, without unfiltering pixels.
+    """Check a PNG the way libpng reads it, without unfiltering pixels and in bounded memory.
 
     Every critical chunk's CRC, an IEND chunk, IDAT that inflates (zlib's Adler-32 included) to at
-    least one filter byte plus one row of samples per row (more is ignored, as libpng does), and
-    valid filter types. ISA-L inflates about 6x faster than a full decode.
+    least one filter byte plus one row of samples per row, for each Adam7 pass when interlaced
+    (more is ignored, as libpng does), and valid filter types. IDAT is inflated 1 MB at a time as
+    its chunks come, so a small file that inflates to a gigabyte costs a megabyte. ISA-L inflates
+    about 6x faster than a full decode.
     """
-    import numpy as np
     from isal import isal_zlib
 
+    view = memoryview(data)
     pos, idat, header = 8, [], b""
     while True:
         if pos + 12 > len(data):
@@ -149,24 +215,31 @@ def _check_png_stream(data: bytes) -> None:
         if kind == b"IHDR":
             header = data[pos + 8:end]
         elif kind == b"IDAT":
-            idat.append(data[pos + 8:end])
+            idat.append(view[pos + 8:end])
         elif kind == b"IEND":
             break
         pos = end + 4
-    width, height, depth, colour = struct.unpack_from(">IIBB", header)
-    stride = 1 + (width * depth * _PNG_SAMPLES[colour] + 7) // 8
+    width, height, depth, colour, _, _, interlace = struct.unpack_from(">IIBBBBB", header)
+    rows = _RowChecker(_row_layout(width, height, depth * _PNG_SAMPLES[colour], interlace == 1))
     inflater = isal_zlib.decompressobj()
-    raw = inflater.decompress(b"".join(idat), height * stride)
-    if len(raw) != height * stride:
-        raise RejectedImage("corrupt", f"PNG image data holds {len(raw)} bytes, not the {height * stride} "
+    for chunk in idat:  # data past the last row: libpng skips it, so do we, 1 MB at a time, to the Adler-32
+        pending: Any = chunk
+        while len(pending) and not inflater.eof:
+            wanted = min(_INFLATE_PIECE, rows.expected - rows.seen) if rows.seen < rows.expected else _INFLATE_PIECE
+            piece = inflater.decompress(pending, wanted)
+            if rows.seen < rows.expected:
+                rows.feed(piece[:rows.expected - rows.seen])
+            pending = inflater.unconsumed_tail
+            if not piece and not len(pending):
+                break
+    while not inflater.eof and (piece := inflater.decompress(b"", _INFLATE_PIECE)):  # output held back
+        if rows.seen < rows.expected:
+            rows.feed(piece[:rows.expected - rows.seen])
+    if rows.seen < rows.expected:
+        raise RejectedImage("corrupt", f"PNG image data holds {rows.seen} bytes, not the {rows.expected} "
                                        f"its {width}x{height} header needs")
-    while not inflater.eof:  # data past the last row: libpng skips it, so do we, 1 MB at a time, to the Adler-32
-        if not inflater.decompress(inflater.unconsumed_tail, 1 << 20) and not inflater.unconsumed_tail:
-            break
     if not inflater.eof:
         raise RejectedImage("corrupt", "PNG image data ends before its zlib stream does")
-    if np.frombuffer(raw, np.uint8)[::stride].max() > 4:
-        raise RejectedImage("corrupt", "PNG row with an unknown filter type")
 
 
 def _channels(fmt: str, image: Any) -> int:
@@ -258,11 +331,11 @@ def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:
     return prepare_image(data, max_pixels)[0]
 
 
-def stored_bytes(data: bytes, row: dict[str, str]) -> bytes:
+def stored_bytes(data: bytes, row: dict[str, str], max_pixels: int = MAX_PIXELS) -> bytes:
     """The bytes a record stores for source ``data``, checked against its labels.csv ``row``."""
     if not row.get("transform"):
         return data
-    facts, encoded = prepare_image(data)
+    facts, encoded = prepare_image(data, max_pixels)
     if facts.encoded_sha256 != row["encoded_sha256"]:
         raise ValueError("transcoding gave different bytes than at inspection (a different Pillow?)")
     return encoded
