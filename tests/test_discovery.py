@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from include.image_tfrecords.discovery import Candidate, DiscoveryCounts, discover, looks_like_image
-from include.image_tfrecords.storage import Storage
+from include.image_tfrecords.storage import Storage, StorageError
 
 UNICODE_NAME = "daisies/ünïcödé 名前, with 'single' and \"double\" quotes.jpg"
 
@@ -301,3 +301,24 @@ def test_s3_listing_paginates(bucket: str, s3_storage: Storage) -> None:
     assert filenames == sorted(filenames)
     assert all(c.label == c.filename.split("/")[0] and c.num_bytes == len(c.filename) for c in candidates)
     assert (counts.listed, counts.skipped) == (1105, 5)
+
+
+def test_labels_csv_rows_that_do_not_parse_are_rejects_and_the_rest_is_read(tmp_path: Path) -> None:
+    source = _write_local(tmp_path / "src", {"a.jpg": b"1", "b.jpg": b"2", "c.jpg": b"3"})
+    rows = (b"filename,label\na.jpg,cat\n" + b'"b.jpg","' + b"x" * (2 << 20) + b'"\n'
+            + b"c.jpg,caf\xe9\nb.jpg,dog\n")
+    (source / "labels.csv").write_bytes(rows)
+    found = _by_name(_discover(Storage(), str(source))[0])
+    assert found["a.jpg"] == Candidate("a.jpg", label="cat", num_bytes=1)
+    assert found["b.jpg"] == Candidate("b.jpg", label="dog", num_bytes=1)  # the row after the bad ones counts
+    bad = {name: c.reason for name, c in found.items() if name.startswith("labels.csv:")}
+    assert sorted(bad.values()) == ["bad_row", "bad_row"]
+    assert found["c.jpg"].reason == "no_label"  # its only row was not UTF-8
+
+
+def test_a_symlinked_labels_csv_is_a_run_error_never_followed(tmp_path: Path) -> None:
+    outside = _write_local(tmp_path / "outside", {"labels.csv": b"filename,label\na.jpg,x\n"})
+    source = _write_local(tmp_path / "src", {"a.jpg": b"1"})
+    (source / "labels.csv").symlink_to(outside / "labels.csv")
+    with pytest.raises(StorageError, match="not a regular file"):
+        _discover(Storage(), str(source))
