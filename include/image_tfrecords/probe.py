@@ -274,11 +274,14 @@ def _needs_transcoding(data: bytes, fmt: str, image: Any) -> bool:
     return _orientation(image) not in (1, 0)
 
 
-def _transcode(data: bytes, fmt: str, max_pixels: int) -> tuple[str, str, bytes]:
-    """(stored format, transform, stored bytes) for an image that ``_needs_transcoding``."""
+def _transcode(data: bytes, fmt: str, max_pixels: int, decoded: Any = None) -> tuple[str, str, bytes]:
+    """(stored format, transform, stored bytes) for an image that ``_needs_transcoding``.
+
+    ``decoded``: the fully decoded image of a GIF/BMP/WebP/TIFF, reused rather than decoded twice
+    (JPEGs were checked at 1/8 scale and PNGs without pixels, so those are opened again)."""
     from PIL import ImageOps
 
-    image = _open(data, fmt, max_pixels)
+    image = decoded if decoded is not None and fmt not in ("jpeg", "png") else _open(data, fmt, max_pixels)
     rotate = _orientation(image) not in (1, 0)
     if fmt == "jpeg" and image.mode in ("CMYK", "YCCK"):
         image.load()
@@ -311,11 +314,12 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
     stored_format, transform, encoded = fmt, "", data
     if _needs_transcoding(data, fmt, image):
         try:
-            stored_format, transform, encoded = _transcode(data, fmt, max_pixels)
+            stored_format, transform, encoded = _transcode(data, fmt, max_pixels, image)
         except RejectedImage:
             raise
         except Exception as exc:
             raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
+        image = None  # free the decoded pixels before the stored bytes are checked
         image, size = _decode_checked(encoded, stored_format, max_pixels)
     channels = _channels(stored_format, image)
     if not channels:
