@@ -12,28 +12,21 @@ import pytest
 from include.image_tfrecords import localfs
 from include.image_tfrecords.discovery import bad_key
 from include.image_tfrecords.localfs import NotARegularFile, open_file, walk
+from tests.test_discovery import _write_local
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _tree(root: Path, files: dict[str, bytes]) -> Path:
-    for name, data in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return root
-
-
 def test_walk_yields_sorted_keys_like_an_s3_listing(tmp_path: Path) -> None:
     names = ["a/x.png", "a-b/y.png", "a.b", "a/b/z.png", "b", "A/c.png"]
-    _tree(tmp_path, {name: b"1" for name in names})
+    _write_local(tmp_path, {name: b"1" for name in names})
     keys = [e.key for e in walk(str(tmp_path))]
     assert keys == sorted(names)
 
 
 def test_walk_reports_each_kind_and_never_follows_links(tmp_path: Path) -> None:
-    outside = _tree(tmp_path / "outside", {"secret.png": b"s"})
-    src = _tree(tmp_path / "src", {"roses/a.png": b"a"})
+    outside = _write_local(tmp_path / "outside", {"secret.png": b"s"})
+    src = _write_local(tmp_path / "src", {"roses/a.png": b"a"})
     os.symlink(outside / "secret.png", src / "roses" / "link.png")
     os.symlink(outside, src / "roses" / "linked_dir")
     os.mkfifo(src / "roses" / "fifo.png")
@@ -71,11 +64,11 @@ def test_deep_nesting_is_a_problem_not_a_recursion_error(tmp_path: Path) -> None
     try:
         entries = list(walk(str(tmp_path)))
     finally:
-        remove_deep_tree(str(tmp_path / "d"))
+        remove_deep_write_local(str(tmp_path / "d"))
     assert [(e.key.count("/"), e.problem) for e in entries] == [(localfs.MAX_DEPTH, "path_too_long"), (0, "")]
 
 
-def remove_deep_tree(top: str) -> None:
+def remove_deep_write_local(top: str) -> None:
     """Remove a folder tree of any depth (shutil.rmtree, and pytest's cleanup, recurse and fail at ~1000 levels)."""
     os.chdir(os.path.dirname(top))
     try:
@@ -99,8 +92,8 @@ def remove_deep_tree(top: str) -> None:
 
 
 def test_open_file_refuses_links_fifos_and_linked_folders(tmp_path: Path) -> None:
-    outside = _tree(tmp_path / "outside", {"roses/a.png": b"secret"})
-    src = _tree(tmp_path / "src", {"roses/a.png": b"mine", "tulips/t.png": b"t"})
+    outside = _write_local(tmp_path / "outside", {"roses/a.png": b"secret"})
+    src = _write_local(tmp_path / "src", {"roses/a.png": b"mine", "tulips/t.png": b"t"})
     stream, size = open_file(str(src), "roses/a.png")
     with stream:
         assert (stream.read(), size) == (b"mine", 4)

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from .csvio import read_rows
-from .localfs import MAX_KEY_BYTES, NotARegularFile
+from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
 from .storage import FileInfo, Storage, StorageError, is_s3, join
 
 LABELS_FILE = "labels.csv"
@@ -231,15 +231,8 @@ def _parsed_rows(reader: csv.DictReader[str]) -> Iterator[dict[str, str] | Candi
                             detail=f"row does not parse ({exc}); the rows after it are read")
             continue
         text = "\0".join(str(v) for v in row.values() if v is not None)
-        if not is_clean_text(text):
+        if not is_clean_name(text):
             yield Candidate(f"{LABELS_FILE}:{reader.line_num}", reason="bad_row", detail="row is not valid UTF-8")
             continue
         yield row
 
-
-def is_clean_text(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

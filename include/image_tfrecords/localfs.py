@@ -60,7 +60,7 @@ def printable(name: str) -> str:
 
 
 def is_clean_name(name: str) -> bool:
-    """True if the name (from the OS, surrogate-escaped) is valid UTF-8."""
+    """True if the text (a name from the OS, or a decoded line, surrogate-escaped) is valid UTF-8."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:

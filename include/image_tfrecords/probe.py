@@ -249,10 +249,12 @@ def _channels(fmt: str, image: Any) -> int:
 
 
 def _orientation(image: Any) -> int:
+    """The EXIF orientation, 1 (upright) when absent, unreadable or not one of the eight defined values."""
     try:
-        return int(image.getexif().get(_ORIENTATION, 1) or 1)
+        value = int(image.getexif().get(_ORIENTATION, 1) or 1)
     except Exception:  # unreadable EXIF: treat as upright
         return 1
+    return value if 1 <= value <= 8 else 1
 
 
 def _encode(image: Any, fmt: str) -> bytes:
