@@ -140,3 +140,46 @@ def test_open_file_refuses_a_device(tmp_path: Path) -> None:
                                           ("a/" + "x" * 1100, True)])
 def test_bad_s3_keys(key: str, bad: bool) -> None:
     assert bool(bad_key(key)) is bad
+
+
+@pytest.mark.parametrize("swap", ["symlink_to_outside", "symlink_to_dev_zero", "fifo", "folder_symlink"])
+def test_a_swap_between_listing_and_reading_is_a_reject_and_nothing_outside_is_read(
+        swap: str, sample_dir: Path, tmp_path: Path) -> None:
+    import hashlib
+    import shutil
+
+    from include.image_tfrecords import stages
+    from include.image_tfrecords.config import BuildConfig
+    from include.image_tfrecords.storage import Storage, join
+
+    source, outside = tmp_path / "src", tmp_path / "outside"
+    shutil.copytree(sample_dir, source)
+    outside.mkdir()
+    for path in (sample_dir / "circles").iterdir():  # valid images under the same names, other bytes
+        (outside / path.name).write_bytes(path.read_bytes() + b"outside")
+    cfg = BuildConfig(source=str(source), destination=str(tmp_path / "out"), dataset="d", version="v1")
+    storage = Storage()
+    stages.discover_stage(cfg, storage)
+    victim = source / "circles" / "circle_003.jpg"
+    if swap == "folder_symlink":
+        shutil.rmtree(source / "circles")
+        os.symlink(outside, source / "circles")
+    else:
+        victim.unlink()
+        if swap == "fifo":
+            os.mkfifo(victim)
+        else:
+            os.symlink("/dev/zero" if swap == "symlink_to_dev_zero" else outside / "circle_003.jpg", victim)
+    done = threading.Event()
+    result: dict = {}
+    worker = threading.Thread(target=lambda: (result.update(stages.inspect_stage(cfg, storage)), done.set()),
+                              daemon=True)
+    worker.start()
+    assert done.wait(60), "inspection blocked"
+    rejects = storage.read_text(join(cfg.staging_uri, stages.INSPECT_REJECTS))
+    inspected = storage.read_text(join(cfg.staging_uri, stages.INSPECTED))
+    assert "circles/circle_003.jpg,not_a_regular_file" in rejects
+    outside_hashes = {hashlib.sha256(p.read_bytes()).hexdigest() for p in outside.iterdir()}
+    assert not any(h in inspected for h in outside_hashes), "bytes from outside the source were read"
+    if swap == "folder_symlink":
+        assert rejects.count("not_a_regular_file") == len(list(outside.iterdir()))
