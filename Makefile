@@ -23,8 +23,9 @@ lint: install
 test: install lint
 	$(PY) -m pytest
 
-# Benchmark against the seed-style converters and `cp -r` (writes BENCHMARKS.md, benchmarks.png;
-# corpora cached in .bench/). BENCH_ARGS="--rounds 5 --scale 10000" etc.; see bench/run.py.
+# Benchmark against the seed-style converters and `cp -r` (writes BENCHMARKS.md, benchmarks.png).
+# Corpora come from bench/make_corpus.py (Debian's mate-backgrounds photos via `apt-get download`,
+# or synthetic photos offline), cached in .bench/. BENCH_ARGS="--rounds 5 --scale 10000" etc.; see bench/run.py.
 bench: install
 	$(PY) bench/run.py $(BENCH_ARGS)
 

@@ -16,6 +16,7 @@ The same arguments and the same photo source give byte-identical files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import io
 import os
@@ -33,11 +34,17 @@ MAX_PHOTO_BYTES = 4_000_000
 
 
 def debian_photos(cache: Path = PHOTOS_CACHE) -> list[str]:
-    """JPEG photos from Debian's mate-backgrounds (downloaded once into ``cache``); [] if unavailable."""
+    """JPEG photos from Debian's mate-backgrounds, unpacked once into ``cache``; [] if it cannot be had.
+
+    The package's tree is kept as it is, so the photos sort as they do in the package; ``cache``
+    appears whole or not at all (unpacked beside it, then renamed), so an interrupted download never
+    leaves a partial set that would give other bytes.
+    """
     found = sorted(glob.glob(str(cache / "**" / "*.jpg"), recursive=True))
     if found or not shutil.which("apt-get") or not shutil.which("dpkg"):
         return found
-    with tempfile.TemporaryDirectory() as tmp:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache.parent, prefix=".photos-") as tmp:
         try:
             subprocess.run(["apt-get", "download", "mate-backgrounds"], cwd=tmp, check=True, timeout=300,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -46,10 +53,25 @@ def debian_photos(cache: Path = PHOTOS_CACHE) -> list[str]:
             subprocess.run(["dpkg", "-x", deb, str(unpacked)], check=True, timeout=300)
         except (OSError, IndexError, subprocess.SubprocessError):
             return []
-        cache.mkdir(parents=True, exist_ok=True)
-        for path in sorted(unpacked.rglob("*.jpg")):
-            shutil.copyfile(path, cache / path.name)
+        try:
+            unpacked.rename(cache)  # replaces an empty folder; fails on a full one
+        except OSError:
+            if not glob.glob(str(cache / "**" / "*.jpg"), recursive=True):  # not another process's photos
+                shutil.rmtree(cache, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    unpacked.rename(cache)
     return sorted(glob.glob(str(cache / "**" / "*.jpg"), recursive=True))
+
+
+def debian_version(cache: Path = PHOTOS_CACHE) -> str:
+    """The unpacked package's version (from its Debian changelog), or ''."""
+    import gzip
+
+    try:
+        with gzip.open(cache / "usr" / "share" / "doc" / "mate-backgrounds" / "changelog.Debian.gz", "rt") as f:
+            return f.readline().split("(", 1)[1].split(")", 1)[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def synthetic_photo(rng: random.Random, size: tuple[int, int] = (1280, 960)) -> Any:
@@ -84,12 +106,13 @@ def photo_sources(photos_dir: str | None, synthetic: bool, seed: int) -> tuple[s
                  else debian_photos())
         paths = [p for p in paths if os.path.getsize(p) < MAX_PHOTO_BYTES]
         if paths:
-            where = photos_dir or "Debian mate-backgrounds"
+            where = photos_dir or f"Debian mate-backgrounds {debian_version()}".rstrip()
             return f"{len(paths)} photos from {where}", [Image.open(p).convert("RGB") for p in paths]
         if photos_dir:
             sys.exit(f"no .jpg photos under {photos_dir}")
     rng = random.Random(f"synthetic-{seed}")
-    return "12 synthetic photos (no photo package available)", [synthetic_photo(rng) for _ in range(12)]
+    why = "asked for" if synthetic else "no photo package available"
+    return f"12 synthetic photos ({why})", [synthetic_photo(rng) for _ in range(12)]
 
 
 def make_corpus(out: str, images: int = sum(CLASSES.values()), seed: int = 0, png_share: float = 0.05,

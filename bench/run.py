@@ -3,10 +3,11 @@
     python bench/run.py [--rounds 3] [--scale 10000,100000] [--out BENCHMARKS.md]
     python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
 
-Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (photo pixels from Debian's
-mate-backgrounds, or synthetic photos where that package cannot be fetched; ``--smoke`` always uses
-the synthetic ones, so ``make test`` needs no network), every contender once per round in a rotating
-order, the median of ``--rounds``:
+Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (the project's own generator, run
+in this process: photo pixels from Debian's mate-backgrounds, fetched once into ``.bench/photos``, or
+synthetic photos where that package cannot be fetched; ``--smoke`` always uses the synthetic ones, so
+``make test`` needs no network; BENCHMARKS.md names the source), every contender once per round in a
+rotating order, the median of ``--rounds``:
 
 (a) ``bench/seed_convert.py --threads 1``: the tutorials' converter, one process;
 (b) the same with 2 threads, as build_image_data.py does;
@@ -24,6 +25,7 @@ Corpora and outputs live in ``.bench/`` (not committed).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -44,10 +46,11 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-MAKE_CORPUS = ROOT / "bench" / "make_corpus.py"
 PY = sys.executable
 AIRFLOW = str(Path(PY).with_name("airflow"))
 sys.path.insert(0, str(ROOT))
+
+from bench import make_corpus as corpus_maker  # noqa: E402 - the project root is importable only now
 
 
 @dataclass
@@ -133,24 +136,32 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | N
 
 
 # -- corpora ---------------------------------------------------------------------------------------
-def make_corpus(images: int, work: Path, parts: int = 1, synthetic: bool = False) -> Path:
-    """The make_corpus.py corpus of ``images`` images (cached); big ones are made in ``parts`` processes
-    with seeds 1..parts and merged by hard links (file names are random, so they do not collide)."""
+def make_corpus(images: int, work: Path, parts: int = 1, synthetic: bool = False) -> tuple[Path, str]:
+    """The make_corpus.py corpus of ``images`` images (cached) and where its pixels came from.
+
+    Debian's photos unless ``synthetic`` or they cannot be had (a corpus of synthetic photos has a
+    name of its own, so a cached one is never taken for a real one); big ones are made in ``parts``
+    processes with seeds 1..parts and merged by hard links (file names are random, so they do not
+    collide)."""
     work = work.resolve()
-    target = work / f"corpus-{images}{'-synthetic' if synthetic else ''}"
-    if (target / ".complete").exists():
-        return target
+    target = work / f"corpus-{images}"
+    # a cached photo corpus needs no photos at hand; otherwise they are fetched once, before any worker
+    synthetic = synthetic or not ((target / ".complete").exists() or corpus_maker.debian_photos())
+    if synthetic:
+        target = work / f"corpus-{images}-synthetic"
+    done = target / ".complete"
+    if done.exists():
+        return target, done.read_text().strip() or "not recorded (made before the source was)"
     shutil.rmtree(target, ignore_errors=True)
-    extra = ["--synthetic"] if synthetic else []
     if parts <= 1:
-        subprocess.run([PY, str(MAKE_CORPUS), str(target), "--images", str(images), *extra], check=True)
+        _, _, source = corpus_maker.make_corpus(str(target), images, synthetic=synthetic)
     else:
         pieces = [work / f"corpus-{images}.part{i}" for i in range(parts)]
-        procs = [subprocess.Popen([PY, str(MAKE_CORPUS), str(piece), "--images", str(images // parts),
-                                   "--seed", str(i + 1), *extra])
-                 for i, piece in enumerate(pieces)]
-        if any(p.wait() for p in procs):
-            raise RuntimeError("make_corpus.py failed")
+        with concurrent.futures.ProcessPoolExecutor(parts) as pool:
+            jobs = [pool.submit(corpus_maker.make_corpus, str(piece), images // parts, seed=i + 1,
+                                synthetic=synthetic) for i, piece in enumerate(pieces)]
+            results = [job.result() for job in jobs]  # every part, so a failure in any raises
+        source = results[0][2]
         for piece in pieces:
             for path in piece.rglob("*"):
                 if path.is_file():
@@ -158,8 +169,9 @@ def make_corpus(images: int, work: Path, parts: int = 1, synthetic: bool = False
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     os.link(path, dest)
             shutil.rmtree(piece)
-    (target / ".complete").touch()
-    return target
+    done.write_text(source + "\n")
+    print(f"  {corpus_facts(target)[0]} images in {target} (pixels: {source})", flush=True)
+    return target, source
 
 
 def corpus_facts(corpus: Path) -> tuple[int, int]:
@@ -337,7 +349,7 @@ def chart(contenders: list[Contender], images: int, path: Path) -> None:
 
 
 def render(contenders: list[Contender], corpus: tuple[int, int], rounds: int, scale: dict[int, Any],
-           xcoms: list[tuple[str, int, int]], chart_name: str, command: str) -> str:
+           xcoms: list[tuple[str, int, int]], chart_name: str, command: str, pixels: str = "") -> str:
     images, nbytes = corpus
     by_key = {c.key: c for c in contenders}
     a, c = by_key["a"].seconds, by_key["c"].seconds
@@ -345,7 +357,8 @@ def render(contenders: list[Contender], corpus: tuple[int, int], rounds: int, sc
         "# Benchmarks", "",
         f"Made by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())}.",
         f"Machine: {machine()}.", "",
-        f"## {images} images, {nbytes / 1e6:.1f} MB (`make_corpus.py`, flowers-sized)", "",
+        f"## {images} images, {nbytes / 1e6:.1f} MB (`bench/make_corpus.py`, flowers-sized)", "",
+        *([f"Pixels: {pixels}.", ""] if pixels else []),
         f"Median of {rounds} rounds, contenders in a rotating order. Peak RSS: the largest single process "
         "(VmHWM, sampled every 20 ms).", "",
         "| contender | seconds | images/s | MB/s | vs (a) | vs (c) | peak RSS MB |",
@@ -427,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     print(f"corpus of {args.images} images ...", flush=True)
-    corpus = make_corpus(args.images, work, synthetic=args.smoke)
+    corpus, pixels = make_corpus(args.images, work, synthetic=args.smoke)
     dag = None if args.no_dag else DagRunner(work / "dag")
     try:
         contenders = main_table(corpus, work, args.rounds, dag)
@@ -441,13 +454,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale: dict[int, Any] = {}
     for images in [int(n) for n in args.scale.split(",") if n.strip()]:
         print(f"scale run: {images} images ...", flush=True)
-        scaled = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=args.smoke)
+        scaled, _ = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=args.smoke)
         scale[images] = run_stages(scaled, work)
         scale[images]["megabytes"] = corpus_facts(scaled)[1] / 1e6
     chart_path = out.with_name("benchmarks.png") if not args.smoke else out.with_suffix(".png")
     chart(contenders, args.images, chart_path)
     command = "make bench" if not args.smoke else "bench/run.py --smoke"
-    text = render(contenders, corpus_facts(corpus), args.rounds, scale, xcoms, chart_path.name, command)
+    text = render(contenders, corpus_facts(corpus), args.rounds, scale, xcoms, chart_path.name, command, pixels)
     rows = targets(contenders, scale, xcoms, write_seconds)
     text += "\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---|---|\n" + "".join(
         f"| {t} | {m} | {'yes' if ok else '**no**'} |\n" for t, m, ok in rows)
@@ -456,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text += "\n" + notes.read_text()
     out.write_text(text)
     (out.with_suffix(".json")).write_text(json.dumps(
-        {"contenders": {c.key: {"label": c.label, "seconds": [r.seconds for r in c.runs],
+        {"pixels": pixels, "contenders": {c.key: {"label": c.label, "seconds": [r.seconds for r in c.runs],
                                 "rss_mb": [r.rss_mb for r in c.runs]} for c in contenders},
          "write_seconds": write_seconds, "scale": scale, "xcoms": xcoms,
          "targets": [{"target": t, "measured": m, "met": ok} for t, m, ok in rows]}, indent=1) + "\n")

@@ -1,12 +1,14 @@
-"""`make bench` in miniature (a 40-image corpus, one round), so the benchmark never rots."""
+"""`make bench` in miniature (a 40-image corpus, one round), so the benchmark never rots; its corpus generator."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -19,6 +21,7 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
                              str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
+    assert "synthetic" in data["pixels"]  # offline: no package fetched for `make test`
     assert set(data["contenders"]) == {"a", "b", "c", "d1", "d2", "e"}
     for key, contender in data["contenders"].items():
         assert len(contender["seconds"]) == 1 and contender["seconds"][0] > 0
@@ -40,12 +43,17 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert chart.format == "PNG" and chart.size[0] >= 600
 
 
-def test_corpus_is_the_projects_own_and_reproducible(tmp_path: Path) -> None:
+def corpus_module() -> Any:
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        from make_corpus import make_corpus
+        import make_corpus
     finally:
         sys.path.remove(str(ROOT / "bench"))
+    return make_corpus
+
+
+def test_corpus_is_the_projects_own_and_reproducible(tmp_path: Path) -> None:
+    make_corpus = corpus_module().make_corpus
     first, again, other = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     count, nbytes, source = make_corpus(str(first), images=12, seed=3, synthetic=True)
     make_corpus(str(again), images=12, seed=3, synthetic=True)
@@ -60,3 +68,21 @@ def test_corpus_is_the_projects_own_and_reproducible(tmp_path: Path) -> None:
         image = Image.open(first / f)
         image.load()
         assert 400 <= max(image.size) <= 640 and image.mode == "RGB"
+
+
+def test_corpus_falls_back_to_synthetic_photos_offline(tmp_path: Path, monkeypatch: Any) -> None:
+    """apt-get that fails (no network): no photos, nothing left in the cache's folder, synthetic pixels."""
+    module = corpus_module()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-get").write_text("#!/bin/sh\necho 'E: no network' >&2\nexit 100\n")
+    (fake / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    cache = tmp_path / "bench" / "photos"
+    assert module.debian_photos(cache) == []
+    assert list(cache.parent.iterdir()) == []  # no half-unpacked package, no empty cache
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no apt-get at all
+    assert module.debian_photos(cache) == []
+    monkeypatch.setattr(module, "debian_photos", lambda: [])
+    count, _, source = module.make_corpus(str(tmp_path / "out"), images=5, seed=0)
+    assert count >= 5 and "synthetic" in source and "no photo package" in source
