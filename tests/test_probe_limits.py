@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.probe import MAX_JPEG_SCANS, RejectedImage, prepare_image
+from include.image_tfrecords.probe import MAX_JPEG_SCANS, RejectedImage, inspect_image, prepare_image, stored_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +62,39 @@ def test_a_jpeg_with_too_many_scans_is_rejected_before_decoding() -> None:
     assert time.monotonic() - started < 10  # a sanity bound: decoding it is what took minutes
 
 
+def _behind_app(data: bytes, payload: bytes) -> bytes:
+    """``data`` with an APP1 segment holding ``payload`` right after SOI."""
+    return data[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + data[2:]
+
+
+def test_a_scan_bomb_behind_an_exif_thumbnail_is_still_counted() -> None:
+    """The thumbnail's SOS and EOI sit inside the APP1 payload: they are skipped by the segment's length,
+    not taken for the image's own (which hid every scan of the image behind them)."""
+    thumbnail = _jpeg(_photo((16, 16), 3))
+    bomb = _behind_app(_splice_scans(_jpeg(_photo((256, 256)), progressive=True), 1_000), b"Exif\0\0" + thumbnail)
+    with pytest.raises(RejectedImage) as err:
+        prepare_image(bomb)
+    assert err.value.reason == "too_complex"
+
+
+def test_scans_are_counted_through_stuffing_restarts_and_fill_bytes() -> None:
+    """0xFF00 and RSTn inside scans are data, 0xFF runs before a marker are fill: none of them is a scan,
+    and none hides one."""
+    progressive = _jpeg(_photo((256, 256), 4), progressive=True, restart_marker_blocks=1)
+    assert b"\xff\x00" in progressive and b"\xff\xd0" in progressive
+    filled = progressive.replace(b"\xff\xda", b"\xff\xff\xff\xda")
+    limit = MAX_JPEG_SCANS - progressive.count(b"\xff\xda")  # copies that keep it at the limit
+    assert prepare_image(_splice_scans(filled, limit))[0].format == "jpeg"
+    with pytest.raises(RejectedImage) as err:
+        prepare_image(_splice_scans(filled, limit + 1))
+    assert err.value.reason == "too_complex"
+
+
+def test_sos_bytes_in_metadata_are_not_scans() -> None:
+    data = _behind_app(_jpeg(_photo((64, 48))), b"\xff\xda\x00\x08" * (2 * MAX_JPEG_SCANS))
+    assert prepare_image(data)[0].transform == ""
+
+
 def _tiff(pages: int) -> bytes:
     """A little-endian TIFF of ``pages`` 1x1 grey pages sharing one pixel (Pillow's save_all is quadratic)."""
     tags = [(256, 3, 1), (257, 3, 1), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8), (277, 3, 1), (278, 3, 1),
@@ -93,6 +126,21 @@ def test_max_pixels_can_be_lowered() -> None:
     with pytest.raises(RejectedImage) as err:
         prepare_image(data, max_pixels=7999)
     assert err.value.reason == "too_many_pixels"
+
+
+def test_inspect_image_and_stored_bytes_honour_a_lowered_max_pixels() -> None:
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = _jpeg(_photo((100, 80)), exif=exif.tobytes())  # rotated: stored_bytes transcodes it again
+    facts, encoded = prepare_image(data)
+    row = {"transform": facts.transform, "encoded_sha256": facts.encoded_sha256}
+    assert inspect_image(data, max_pixels=8000) == facts and stored_bytes(data, row, max_pixels=8000) == encoded
+    for call in (lambda: inspect_image(data, max_pixels=7999), lambda: stored_bytes(data, row, max_pixels=7999)):
+        with pytest.raises(RejectedImage) as err:
+            call()
+        assert err.value.reason == "too_many_pixels"
 
 
 def _png(width: int, height: int, rows: bytes, interlace: int = 0, colour: int = 0) -> bytes:

@@ -11,8 +11,9 @@ H x W x C image):
   stored byte for byte;
 - JPEG in CMYK/YCCK: converted to RGB and re-encoded as JPEG (quality 95): not every decoder
   handles CMYK, and Adobe's inverted CMYK decodes to wrong colours in some;
-- EXIF orientation other than 1: pixels rotated upright, re-encoded in the same format
-  (JPEG quality 95, PNG lossless); width and height are the upright ones;
+- EXIF orientation 2 to 8: pixels rotated upright, re-encoded in the same format (JPEG quality 95,
+  PNG lossless); width and height are the upright ones; other values (0, 9, 65535, unreadable EXIF)
+  count as upright, as decoders treat them;
 - GIF, BMP, WebP, TIFF with a single frame: converted losslessly to PNG;
 - animations and multi-page files (GIF, WebP, APNG, TIFF): rejected (``multi_frame``), since
   picking one frame would silently drop the rest; decided from the first two frames only, never by
@@ -20,7 +21,12 @@ H x W x C image):
 - a JPEG with secondary images (MPO: what phones and cameras write for depth maps, gain maps,
   previews; Pillow sees frames): the primary image is what every decoder shows, so it is stored as is;
 - a JPEG with more than ``MAX_JPEG_SCANS`` scans: rejected (``too_complex``) before decoding; real
-  encoders write about 10, and each scan costs a pass over the image (20,000 scans took minutes);
+  encoders write about 10, and each scan costs a pass over the image (20,000 scans took minutes).
+  Scans are counted by walking the markers as libjpeg does: segment payloads (an EXIF thumbnail's own
+  SOS and EOI) are skipped by their length, 0xFF00 and RSTn inside a scan are data, 0xFF runs are fill;
+- JPEG header segments that libjpeg ignores but Pillow's parser fails on (a cut-short JFIF, Adobe or
+  ICC segment, a TEM marker) do not reject a file: Pillow reads a copy with them renamed (same
+  offsets), and the stored bytes are the file's;
 - anything else: rejected with a reason.
 
 Memory per image is bounded: the pixel count is checked before any decoding (``max_pixels``), JPEGs
@@ -34,6 +40,7 @@ import hashlib
 import io
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +53,13 @@ _PNG_CONVERT = {"CMYK": "RGB", "YCbCr": "RGB", "PA": "RGBA", "La": "LA", "RGBa":
 MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
 MAX_JPEG_SCANS = 100  # real encoders write 1 (baseline) to ~10 (progressive) scans
 _INFLATE_PIECE = 1 << 20
+# Finding JPEG markers: a run of 0xFF (fill bytes) and the byte after it; the look-behind makes a search
+# start only at a run's first 0xFF, so that long runs cost linear time.
+_FF_RUN = re.compile(rb"\xff++(.)", re.S)
+_NEXT_MARKER = re.compile(rb"\xff(?<!\xff\xff)\xff*+([^\x00])")  # between segments 0xFF00 is skipped
+_SCAN_END = re.compile(rb"\xff(?<!\xff\xff)\xff*+([^\x00\xd0-\xd7])")  # in a scan 0xFF00 is data, RSTn a restart
+_SCAN_DATA = bytes((0, *range(0xD0, 0xD8)))
+_STANDALONE = frozenset((0x01, 0xD8, *range(0xD0, 0xD8)))  # TEM, SOI, RSTn: no length follows
 # Adam7 passes: (x start, y start, x step, y step)
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 JPEG_QUALITY = 95
@@ -102,7 +116,7 @@ def _open(data: bytes, fmt: str, max_pixels: int) -> Any:
     from PIL import Image
 
     Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked here before decoding
-    image = Image.open(io.BytesIO(data), formats=[fmt.upper()])
+    image = Image.open(io.BytesIO(_jpeg_for_pillow(data) if fmt == "jpeg" else data), formats=[fmt.upper()])
     width, height = image.size
     if width <= 0 or height <= 0:
         raise RejectedImage("corrupt", f"bad dimensions {width}x{height}")
@@ -120,9 +134,8 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
     try:
         image = _open(data, fmt, max_pixels)
         size = image.size  # before draft mode shrinks it
-        if fmt == "jpeg":
-            _check_jpeg_scans(data)
-        elif getattr(image, "is_animated", False):  # looks at the second frame only, never counts them all
+        # is_animated looks at the second frame only, never counts them all; an MPO's frames are not pages
+        if fmt != "jpeg" and getattr(image, "is_animated", False):
             raise RejectedImage("multi_frame", f"{fmt} with more than one frame")
         if fmt == "png":
             _check_png_stream(data)
@@ -137,20 +150,65 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
         raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
 
 
-def _check_jpeg_scans(data: bytes) -> None:
-    """Reject a JPEG whose primary image has more than MAX_JPEG_SCANS scans (SOS markers).
+def _jpeg_markers(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(marker, start, end) of each marker of the primary image after SOI, up to its EOI.
 
-    Inside entropy-coded data a 0xFF byte is always followed by 0x00 or a restart marker, so the
-    SOS markers between the first scan and the end of the image can be counted without parsing
-    them (in C: ``bytes.count``)."""
-    first = data.find(b"\xff\xda")
-    if first < 0:
-        return
-    end = data.find(b"\xff\xd9", first)
-    scans = data.count(b"\xff\xda", first, end if end > 0 else len(data))
-    if scans > MAX_JPEG_SCANS:
-        raise RejectedImage("too_complex", f"JPEG with {scans} scans (more than {MAX_JPEG_SCANS}): every scan "
-                                           "is a pass over the whole image")
+    Markers are found as libjpeg finds them: 0xFF fill bytes before a marker are skipped, and in the
+    entropy-coded data after an SOS, 0xFF 0x00 (a stuffed data byte) and RSTn do not end the scan.
+    A segment's payload is skipped by its length, so marker-like bytes in it (an EXIF thumbnail's
+    SOS and EOI) are not markers. Regular expressions keep it at C speed (a few ms per 10 MB)."""
+    pos, in_scan = 2, False
+    while (found := _find_marker(data, pos, in_scan)) is not None:
+        marker, start = found[1][0], found.start(1) - 1
+        if marker == 0xD9:  # EOI: what follows (MPO secondary images, trailers) is not this image
+            yield marker, start, start + 2
+            return
+        end = start + 2 if marker in _STANDALONE else start + 2 + int.from_bytes(data[start + 2:start + 4], "big")
+        yield marker, start, end
+        pos, in_scan = end, marker == 0xDA
+
+
+def _find_marker(data: bytes, pos: int, in_scan: bool) -> re.Match[bytes] | None:
+    """The next marker from ``pos``: a run of 0xFF and the byte that ends it, which must not be one
+    of the bytes that are data there (0x00, and RSTn inside a scan)."""
+    data_bytes = _SCAN_DATA if in_scan else b"\x00"
+    if data[pos:pos + 1] == b"\xff":  # a run starting at pos: the search's look-behind would see the byte before
+        run = _FF_RUN.match(data, pos)
+        if run is None or run[1] not in data_bytes:
+            return run
+        pos = run.end()
+    return (_SCAN_END if in_scan else _NEXT_MARKER).search(data, pos)
+
+
+def _pillow_fails_on(marker: int, payload: bytes) -> bool:
+    """Header markers libjpeg (so TensorFlow) ignores or skips, on which Pillow's parser raises."""
+    return (marker == 0x01  # TEM: a marker without a length
+            or (marker == 0xE0 and payload.startswith(b"JFIF") and len(payload) < 7)
+            or (marker == 0xEE and payload.startswith(b"Adobe") and len(payload) < 7)
+            or (marker == 0xE2 and payload.startswith(b"ICC_PROFILE\0") and len(payload) < 14))
+
+
+def _jpeg_for_pillow(data: bytes) -> bytes:
+    """Check a JPEG's structure and return the bytes Pillow should parse.
+
+    More than MAX_JPEG_SCANS scans (SOS markers) in the primary image is ``too_complex``: each scan is a
+    pass over the whole image. Header segments that libjpeg ignores but Pillow fails on (a cut-short
+    JFIF, Adobe or ICC segment, a TEM marker) are renamed to an APP15 Pillow does not parse (TEM to fill
+    bytes): same length, same offsets, same scans, and the stored bytes stay the file's."""
+    scans, patches = 0, []
+    for marker, start, end in _jpeg_markers(data):
+        scans += marker == 0xDA
+        if scans > MAX_JPEG_SCANS:
+            raise RejectedImage("too_complex", f"JPEG with more than {MAX_JPEG_SCANS} scans (SOS markers): "
+                                               "every scan is a pass over the whole image")
+        if not scans and _pillow_fails_on(marker, data[start + 4:end]):
+            patches.append(start + 1)
+    if not patches:
+        return data
+    patched = bytearray(data)
+    for at in patches:
+        patched[at] = 0xFF if patched[at] == 0x01 else 0xEF
+    return bytes(patched)
 
 
 def _row_layout(width: int, height: int, bits_per_pixel: int, interlaced: bool) -> list[tuple[int, int, int]]:
