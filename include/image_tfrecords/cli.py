@@ -269,6 +269,11 @@ def _staging_hint(cfg: BuildConfig | None) -> str:
         return ""
     with contextlib.suppress(OSError):
         _remove_temporaries(cfg.staging_uri)
+    if not any(files for _, _, files in os.walk(cfg.staging_uri)):  # nothing was staged: leave nothing behind
+        with contextlib.suppress(OSError):
+            shutil.rmtree(cfg.staging_uri)
+            os.rmdir(os.path.dirname(cfg.staging_uri))
+        return ""
     return (f" (staging kept at {cfg.staging_uri}: rerun with --version {cfg.version} to resume, or "
             f"`{PROG} clean --destination {cfg.destination} --dataset {cfg.dataset}`)")
 

@@ -9,9 +9,10 @@ Every S3 call has a deadline, whatever client config it was made with: botocore'
 each socket read, so an endpoint that trickles a byte every few seconds would hold a call forever.
 A call (a listing page, a PUT, a body read) runs in a daemon thread and is abandoned past
 ``IMAGE_TFRECORDS_S3_DEADLINE_SECONDS`` (default 300) plus the time its bytes take at
-``IMAGE_TFRECORDS_S3_MIN_RATE_MBPS`` (default 1 MB/s); the caller gets StoreUnreachable naming the
-endpoint and bucket. ``IMAGE_TFRECORDS_S3_TIMEOUT_SECONDS`` (default 60) is the connect and read
-timeout of the command line's client.
+``IMAGE_TFRECORDS_S3_MIN_RATE_MBPS`` (default 1 MB/s; a body read counts the bytes received so far and
+only the time spent waiting on the store); the caller gets StoreUnreachable naming the endpoint and
+bucket, as for every other network failure. ``IMAGE_TFRECORDS_S3_TIMEOUT_SECONDS`` (default 60) is the
+read timeout of the command line's client (connect: the lesser of it and 10 s; 5 attempts at most).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -202,30 +204,41 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutErro
 
 def _network_errors() -> tuple[type[BaseException], ...]:
     """Every exception type that means the endpoint failed us on the wire (not an S3 answer)."""
+    from http.client import HTTPException
+
     from botocore.exceptions import ConnectionError as BotoConnectionError
     from botocore.exceptions import HTTPClientError, IncompleteReadError, ResponseStreamingError
     from urllib3.exceptions import HTTPError as Urllib3Error
 
     return (*_NETWORK_ERRORS, BotoConnectionError, HTTPClientError, IncompleteReadError, ResponseStreamingError,
-            Urllib3Error, _DeadlinePassed)
+            Urllib3Error, HTTPException, _DeadlinePassed)
 
 
-def _translate(exc: BaseException, uri: str, client: Any) -> Exception | None:
+def _translate(exc: BaseException, uri: str, client: Any, wire: bool = False) -> Exception | None:
     """A one-line error naming endpoint and bucket (never a secret) for known failures, else None.
 
     StorageError: retrying cannot fix it (credentials, missing bucket). StoreUnreachable: it can.
+    ``wire``: ``exc`` came from reading a response body, so any OSError there is the network's.
     """
+    from botocore.exceptions import NoCredentialsError
     from botocore.parsers import ResponseParserError
 
     endpoint = getattr(getattr(client, "meta", None), "endpoint_url", "?")
     bucket = split_s3(uri)[0] if is_s3(uri) else "?"
-    if isinstance(exc, _network_errors()):
+    if isinstance(exc, _network_errors()) or (wire and isinstance(exc, OSError)):
         why = str(exc) if isinstance(exc, _DeadlinePassed) else type(exc).__name__
         return StoreUnreachable(f"cannot reach the S3 endpoint {endpoint} (bucket {bucket!r}): {why}")
     if isinstance(exc, ResponseParserError):
         return StoreUnreachable(f"the S3 endpoint {endpoint} (bucket {bucket!r}) answered something that is not "
                                 "an S3 response")
+    if isinstance(exc, NoCredentialsError):
+        return StorageError(f"no AWS credentials found for bucket {bucket!r} at {endpoint}")
     code = _error_code(exc)
+    response = getattr(exc, "response", None)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(response, dict) else 0
+    if code in ("InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout") or (
+            isinstance(status, int) and status >= 500):
+        return StoreUnreachable(f"the S3 endpoint {endpoint} (bucket {bucket!r}) failed: {code or status}")
     if code == "NoSuchBucket":
         return StorageError(f"bucket {bucket!r} does not exist at {endpoint}")
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken"):
@@ -261,7 +274,7 @@ class Storage:
         except (ClientError, BotoCoreError, ResponseParserError, *_network_errors()) as exc:
             raise (_translate(exc, uri, client) or exc) from exc
         if isinstance(result, dict) and hasattr(result.get("Body"), "read"):
-            result["Body"] = DeadlineBody(result["Body"], int(result.get("ContentLength") or 0), uri, client)
+            result["Body"] = DeadlineBody(result["Body"], uri, client)
         return result
 
     # -- listing -------------------------------------------------------------------------
@@ -470,7 +483,7 @@ class Storage:
                 self._s3_call(uri, "put_object", Bucket=bucket, Key=key, Body=data, ChecksumSHA256=checksum,
                               **condition)
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in _CONFLICT_CODES:
+                if _error_code(exc) in _CONFLICT_CODES:
                     return False
                 raise
             return True
@@ -527,41 +540,75 @@ def _body_size(body: Any) -> int:
 
 
 class DeadlineBody:
-    """An S3 response body whose reading has a deadline (base + its size at the minimum rate).
+    """An S3 response body whose reading has a deadline that grows with the bytes received: the time
+    spent waiting on the store (not on the caller) may be the base plus their time at the minimum rate.
+    A body that stalls or trickles ends soon after the base; one arriving at the minimum rate always has time.
 
-    Reads are served from a buffer refilled ~1 MB at a time in a daemon thread, so callers that
-    read record by record do not start a thread per read. Failures become StoreUnreachable.
+    Reads are served from a buffer refilled at least 1 MB at a time in a daemon thread, so callers
+    that read record by record do not start a thread per read. Failures become StoreUnreachable. Past
+    the deadline the socket is shut down, so that the abandoned read ends and ``close`` never waits.
     """
 
-    def __init__(self, body: Any, size: int, uri: str, client: Any) -> None:
+    def __init__(self, body: Any, uri: str, client: Any) -> None:
         self._body, self._uri, self._client = body, uri, client
-        self._deadline = time.monotonic() + deadline_seconds(size)
-        self._buffer, self._pos, self._eof = b"", 0, False
+        self._waited, self._received = 0.0, 0
+        self._buffer, self._pos, self._eof, self._abandoned = b"", 0, False, False
 
-    def _refill(self) -> None:
-        remaining = self._deadline - time.monotonic()
+    def _fill(self, want: int) -> bytes:
+        """One read of ``want`` bytes, 1 to 64 MB (fewer at the end), under the deadline."""
+        want = min(max(want, _BODY_CHUNK), 64 * _BODY_CHUNK)
+        seconds = deadline_seconds(self._received + want)
+        started = time.monotonic()
         try:
-            if remaining <= 0:
-                raise _DeadlinePassed(deadline_seconds(0))
-            chunk = _within(remaining, self._body.read, _BODY_CHUNK)
+            if self._abandoned or seconds <= self._waited:
+                raise _DeadlinePassed(seconds)
+            try:
+                chunk = _within(seconds - self._waited, self._body.read, want) or b""
+            except _DeadlinePassed:
+                self._abandoned = True
+                _interrupt(self._body)
+                raise _DeadlinePassed(seconds) from None
         except Exception as exc:
-            raise (_translate(exc, self._uri, self._client) or exc) from exc
-        self._buffer, self._pos = self._buffer[self._pos:] + (chunk or b""), 0
-        self._eof = not chunk
+            raise (_translate(exc, self._uri, self._client, wire=True) or exc) from exc
+        self._waited += time.monotonic() - started
+        self._received += len(chunk)
+        return chunk
 
-    def read(self, size: int = -1) -> bytes:
-        while not self._eof and (size < 0 or len(self._buffer) - self._pos < size):
-            self._refill()
-        end = len(self._buffer) if size < 0 else min(len(self._buffer), self._pos + size)
-        data = self._buffer[self._pos:end]
-        self._pos = end
+    def read(self, size: int | None = -1) -> bytes:
+        size = -1 if size is None else size
+        if 0 <= size <= len(self._buffer) - self._pos:  # the common case: served from the buffer
+            self._pos += size
+            return self._buffer[self._pos - size:self._pos]
+        parts, have = [self._buffer[self._pos:]], len(self._buffer) - self._pos
+        self._buffer, self._pos = b"", 0
+        while not self._eof and (size < 0 or have < size):
+            chunk = self._fill(size - have if size >= 0 else _BODY_CHUNK)
+            self._eof = not chunk
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        if 0 <= size < len(data):
+            self._buffer, data = data[size:], data[:size]
         return data
 
     def readable(self) -> bool:
         return True
 
     def close(self) -> None:
-        self._body.close()
+        if self._abandoned:  # a daemon thread may still hold the stream's lock: never wait for it
+            threading.Thread(target=self._body.close, name="s3-close", daemon=True).start()
+        else:
+            self._body.close()
+
+
+def _interrupt(body: Any) -> None:
+    """Wake a thread blocked reading ``body`` by shutting its socket down (best effort)."""
+    raw = getattr(body, "_raw_stream", body)  # botocore's StreamingBody wraps a urllib3 response
+    with contextlib.suppress(Exception):
+        raw.shutdown()  # urllib3 >= 2.3
+        return
+    with contextlib.suppress(Exception):
+        raw.connection.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _copy_into(src: str, f: BinaryIO, digest: Any = None) -> None:
