@@ -255,27 +255,35 @@ def _left_behind(cfg: BuildConfig, storage: Storage) -> str:
     with contextlib.suppress(Exception):
         if storage.exists(join(cfg.version_uri, stages.SUCCESS)):
             return f"version {cfg.version} was published at {cfg.version_uri}"
-    with contextlib.suppress(Exception):
-        if not is_s3(cfg.staging_uri):
-            _remove_temporaries(cfg.staging_uri)
-    return (f"nothing was published (latest.json is unchanged); staging kept at {cfg.staging_uri}: rerun with "
-            f"--version {cfg.version} to resume, or remove it with `{PROG} clean --destination {cfg.destination} "
-            f"--dataset {cfg.dataset} --older-than-hours 0`")
+    kept = is_s3(cfg.staging_uri) or _has_staged_files(cfg)
+    return "nothing was published (latest.json is unchanged)" + (f"; {_kept_staging(cfg)}" if kept else "")
 
 
 def _staging_hint(cfg: BuildConfig | None) -> str:
     """For a failed build that left a local staging folder: where it is and how to remove it."""
-    if cfg is None or is_s3(cfg.staging_uri) or not os.path.isdir(cfg.staging_uri):
+    if cfg is None or is_s3(cfg.staging_uri) or not _has_staged_files(cfg):
         return ""
+    return f" ({_kept_staging(cfg)})"
+
+
+def _has_staged_files(cfg: BuildConfig) -> bool:
+    """Whether a local staging folder holds files, once half-written temporaries are gone; an empty one
+    (only the released lock was there) is removed, so that nothing is left behind."""
+    if not os.path.isdir(cfg.staging_uri):
+        return False
     with contextlib.suppress(OSError):
         _remove_temporaries(cfg.staging_uri)
-    if not any(files for _, _, files in os.walk(cfg.staging_uri)):  # nothing was staged: leave nothing behind
-        with contextlib.suppress(OSError):
-            shutil.rmtree(cfg.staging_uri)
-            os.rmdir(os.path.dirname(cfg.staging_uri))
-        return ""
-    return (f" (staging kept at {cfg.staging_uri}: rerun with --version {cfg.version} to resume, or "
-            f"`{PROG} clean --destination {cfg.destination} --dataset {cfg.dataset}`)")
+    if any(files for _, _, files in os.walk(cfg.staging_uri)):
+        return True
+    with contextlib.suppress(OSError):
+        shutil.rmtree(cfg.staging_uri)
+        os.rmdir(os.path.dirname(cfg.staging_uri))
+    return False
+
+
+def _kept_staging(cfg: BuildConfig) -> str:
+    return (f"staging kept at {cfg.staging_uri}: rerun with --version {cfg.version} to resume, or remove it with "
+            f"`{PROG} clean --destination {cfg.destination} --dataset {cfg.dataset} --older-than-hours 0`")
 
 
 def _remove_temporaries(folder: str) -> None:
