@@ -30,6 +30,7 @@ MAX_KEY_BYTES = 1024  # UTF-8 bytes of a relative path (S3's key limit)
 _EPOCH = datetime.fromtimestamp(0, UTC)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_PATH = getattr(os, "O_PATH", 0)
+_REOPEN_BY_PROC = bool(_O_PATH) and os.path.isdir("/proc/self/fd")  # checked once, not per file
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def open_file(root: str, key: str) -> tuple[BinaryIO, int]:
 
 def _open_regular(folder: int, name: str) -> int:
     """A read descriptor for ``name`` in ``folder`` if it is a regular file (checked on the descriptor)."""
-    if _O_PATH and os.path.isdir("/proc/self/fd"):
+    if _REOPEN_BY_PROC:
         handle = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
         try:
             _require_regular(os.fstat(handle).st_mode)
