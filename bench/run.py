@@ -12,7 +12,7 @@ rotating order, the median of ``--rounds``:
 (a) ``bench/seed_convert.py --threads 1``: the tutorials' converter, one process;
 (b) the same with 2 threads, as build_image_data.py does;
 (c) ``cp -r`` of the corpus: the I/O floor;
-(d) ``python -m include.image_tfrecords build`` with ``--workers 1`` and ``--workers 2`` into a local
+(d) ``image-tfrecords build`` with ``--workers 1`` and ``--workers 2`` into a local
     folder, validation included;
 (e) the DAG end to end into SeaweedFS under ``airflow dags test``.
 
@@ -221,7 +221,7 @@ class DagRunner:
 # -- main table ------------------------------------------------------------------------------------
 def main_table(corpus: Path, work: Path, rounds: int, dag: DagRunner | None) -> list[Contender]:
     out = work / "out"
-    cli = [PY, "-m", "include.image_tfrecords", "build", "--source", str(corpus), "--dataset", "flowers",
+    cli = [PY, "-m", "image_tfrecords", "build", "--source", str(corpus), "--dataset", "flowers",
            "--no-progress"]
     contenders = {
         "a": (Contender("a", "(a) seed-style, 1 process"),
@@ -256,9 +256,9 @@ def main_table(corpus: Path, work: Path, rounds: int, dag: DagRunner | None) -> 
 # -- stages, each its own process ------------------------------------------------------------------
 STAGE_CODE = """
 import json, sys
-from include.image_tfrecords import stages
-from include.image_tfrecords.config import BuildConfig
-from include.image_tfrecords.storage import Storage
+from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.storage import Storage
 cfg = BuildConfig(**json.loads(sys.argv[1]))
 stage, args = sys.argv[2], json.loads(sys.argv[3])
 function = getattr(stages, stage + "_stage", None) or getattr(stages, stage)

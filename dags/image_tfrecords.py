@@ -162,10 +162,10 @@ def _run(stage: str, **kwargs: Any) -> Any:
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from include.image_tfrecords import locking, stages
-    from include.image_tfrecords.config import BuildConfig, ConfigError
-    from include.image_tfrecords.preflight import check_locations, os_error_line
-    from include.image_tfrecords.storage import Storage, StorageError
+    from image_tfrecords import locking, stages
+    from image_tfrecords.config import BuildConfig, ConfigError
+    from image_tfrecords.preflight import check_locations, os_error_line
+    from image_tfrecords.storage import Storage, StorageError
 
     context = get_current_context()
     params = context["params"]
@@ -183,7 +183,7 @@ def _run(stage: str, **kwargs: Any) -> Any:
             owner = f"airflow:{context['dag'].dag_id}:{context['run_id']}"
             locking.hold(storage, cfg.staging_uri, owner, locking.DAG_LEASE_SECONDS)
         if stage == "clean_stale":
-            from include.image_tfrecords.cleanup import clean_staging
+            from image_tfrecords.cleanup import clean_staging
 
             report = clean_staging(storage, cfg.dataset_uri, STAGING_GRACE_HOURS * 3600)
             for entry in report:

@@ -37,7 +37,7 @@ def image_tfrecords_consumer() -> None:
         """Read the published manifest named by the triggering event and log what it holds."""
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-        from include.image_tfrecords.storage import Storage
+        from image_tfrecords.storage import Storage
 
         context = get_current_context()
         events = [e for asset_events in context["triggering_asset_events"].values() for e in asset_events]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords.sample import make_sample
-from include.image_tfrecords.storage import Storage
+from image_tfrecords.sample import make_sample
+from image_tfrecords.storage import Storage
 from tools import seaweedfs
 
 ROOT = Path(__file__).resolve().parent.parent

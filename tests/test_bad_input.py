@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.storage import Storage
+from image_tfrecords.storage import Storage
 from tests.tf_reader import read_version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def build_zoo(root: Path, outside: Path) -> tuple[dict[str, str], dict[str, str]
 
 
 def run_build(source: Path, dest: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "include.image_tfrecords", "build", "--source", str(source),
+    return subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--source", str(source),
                            "--destination", str(dest), "--dataset", "zoo", "--version", "v1", *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
@@ -231,7 +231,7 @@ def test_no_valid_images_fails_clearly(where: str, tmp_path: Path, request: pyte
     if where == "s3":
         env.update(request.getfixturevalue("s3_env"))
         dest = f"s3://{request.getfixturevalue('bucket')}/out"
-    result = subprocess.run([sys.executable, "-m", "include.image_tfrecords", "build", "--source", str(source),
+    result = subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--source", str(source),
                              "--destination", dest, "--dataset", "zoo", "--version", "v1"],
                             cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 1

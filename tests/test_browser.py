@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.storage import Storage
+from image_tfrecords.storage import Storage
 from tests.test_dag_e2e import dags_test
 from tests.test_plugin import publish, subset
 from tools import seaweedfs

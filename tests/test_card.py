@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
-from include.image_tfrecords import card_charts
-from include.image_tfrecords.card import PreviousVersion, build_card
-from include.image_tfrecords.manifest import LABELS_FIELDS, feature_spec
+from image_tfrecords import card_charts
+from image_tfrecords.card import PreviousVersion, build_card
+from image_tfrecords.manifest import LABELS_FIELDS, feature_spec
 from tests.test_cli import run_cli
 
 Row = dict[str, str]
@@ -401,7 +401,7 @@ def test_card_of_a_real_second_build_shows_the_changes(two_builds: tuple[Path, P
 
 
 def test_chart_ticks_are_round_and_cover_the_data() -> None:
-    from include.image_tfrecords.card_plot import nice_ticks
+    from image_tfrecords.card_plot import nice_ticks
 
     assert nice_ticks(898) == [0, 200, 400, 600, 800, 1000]
     assert nice_ticks(3) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
@@ -412,7 +412,7 @@ def test_chart_ticks_are_round_and_cover_the_data() -> None:
 
 
 def test_charts_draw_every_class_and_are_deterministic() -> None:
-    from include.image_tfrecords.card_plot import COLOURS, records_chart, shards_chart
+    from image_tfrecords.card_plot import COLOURS, records_chart, shards_chart
 
     classes = [f"class {i}" for i in range(50)]
     counts = {(c, s): 1 + i for i, c in enumerate(classes) for s in ("train", "test")}

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords.storage import Storage
+from image_tfrecords.storage import Storage
 from tests.tf_reader import read_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "include.image_tfrecords", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "image_tfrecords", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.config import DEFAULT_SPLITS, BuildConfig, ConfigError, check_splits, parse_splits
+from image_tfrecords.config import DEFAULT_SPLITS, BuildConfig, ConfigError, check_splits, parse_splits
 
 
 def _config(**overrides: Any) -> BuildConfig:

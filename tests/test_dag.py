@@ -87,7 +87,7 @@ def test_retries_timeouts_and_schedule(dag_info: dict) -> None:
 
 
 def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
-    from include.image_tfrecords.config import BuildConfig
+    from image_tfrecords.config import BuildConfig
 
     params = {k: v["value"] for k, v in dag_info["params"].items()}
     assert set(params) >= {"source", "destination", "dataset", "splits", "salt", "shard_size_mb", "compression"}

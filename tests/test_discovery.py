@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords.discovery import Candidate, DiscoveryCounts, discover, looks_like_image
-from include.image_tfrecords.storage import Storage, StorageError
+from image_tfrecords.discovery import Candidate, DiscoveryCounts, discover, looks_like_image
+from image_tfrecords.storage import Storage, StorageError
 
 UNICODE_NAME = "daisies/ünïcödé 名前, with 'single' and \"double\" quotes.jpg"
 
@@ -135,7 +135,7 @@ def test_empty_source(tmp_path: Path) -> None:
 
 
 def test_missing_source_raises(tmp_path: Path) -> None:
-    from include.image_tfrecords.storage import StorageError
+    from image_tfrecords.storage import StorageError
 
     with pytest.raises(StorageError, match="not a folder"):
         list(discover(Storage(), str(tmp_path / "nope")))

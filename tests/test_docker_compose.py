@@ -287,7 +287,7 @@ def test_project_folders_are_mounted(common: dict[str, Any], env: Env) -> None:
     for folder in MOUNTED_DIRS:
         assert f"./{folder}:{AIRFLOW_HOME}/{folder}" in volumes, folder
     targets = [volume.split(":")[1] for volume in volumes]
-    # `include.image_tfrecords` imports because the include mount sits right under PYTHONPATH.
+    # `image_tfrecords` imports because the include mount sits right under PYTHONPATH.
     assert f"{env['PYTHONPATH']}/include" in targets
     source = env["IMAGE_TFRECORDS_SOURCE"]
     assert any(source.startswith(f"{target}/") for target in targets), "the source must be on a mount"
@@ -298,7 +298,7 @@ def test_sample_data_writes_the_source_folder(services: Services, env: Env) -> N
     assert job["command"] == [
         "python",
         "-m",
-        "include.image_tfrecords",
+        "image_tfrecords",
         "sample",
         env["IMAGE_TFRECORDS_SOURCE"],
     ]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords import stages
-from include.image_tfrecords.config import BuildConfig
-from include.image_tfrecords.storage import Storage, join
+from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.storage import Storage, join
 from tests.test_cli import assert_matches_source, run_cli
 from tests.test_dag_e2e import AIRFLOW, dags_test
 from tests.tf_reader import read_version
@@ -113,9 +113,9 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
     blocked = members[len(members) // 2][1]  # reading it hangs: the writer stops in the middle of the shard
     work = tmp_path / "tmp"
     work.mkdir()
-    code = ("import sys, time; from include.image_tfrecords import stages; "
-            "from include.image_tfrecords.config import BuildConfig; "
-            "from include.image_tfrecords.storage import Storage; import json; "
+    code = ("import sys, time; from image_tfrecords import stages; "
+            "from image_tfrecords.config import BuildConfig; "
+            "from image_tfrecords.storage import Storage; import json; "
             "read = stages.read_source; "
             "stages.read_source = lambda s, src, name, *a: time.sleep(3600) if name == sys.argv[3] "
             "else read(s, src, name, *a); "
@@ -141,7 +141,7 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
 
 
 def _members(storage: Storage, cfg: BuildConfig, shard: str) -> list[tuple[int, str]]:
-    from include.image_tfrecords.csvio import read_rows
+    from image_tfrecords.csvio import read_rows
 
     with read_rows(storage, join(cfg.staging_uri, "members", shard + ".csv")) as rows:
         return [(i, row["filename"]) for i, row in enumerate(rows)]
@@ -156,7 +156,7 @@ def test_concurrent_backfill_runs_do_not_clobber(newer_first: bool, sample_dir: 
     runs = []
     for version in order:
         runs.append(subprocess.Popen(
-            [sys.executable, "-m", "include.image_tfrecords", "build", "--source", str(sample_dir), "--destination",
+            [sys.executable, "-m", "image_tfrecords", "build", "--source", str(sample_dir), "--destination",
              f"s3://{bucket}/ds", "--dataset", "d", "--version", version, "--shard-size-mb", "0.05", "--workers", "1"],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         time.sleep(0.3)

@@ -30,9 +30,9 @@ from typing import Any
 import psutil
 import pytest
 
-from include.image_tfrecords import stages
-from include.image_tfrecords.config import BuildConfig
-from include.image_tfrecords.storage import Storage
+from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.storage import Storage
 from tests.tf_reader import read_version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def _copy_sample(sample_dir: Path, tmp_path: Path, name: str = "src") -> Path:
 
 def _cli(source: Path | str, dest: Path | str, *extra: str, version: str = "v1", env: dict[str, str] | None = None,
          prefix: list[str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    cmd = [*(prefix or []), sys.executable, "-m", "include.image_tfrecords", "build", "--source", str(source),
+    cmd = [*(prefix or []), sys.executable, "-m", "image_tfrecords", "build", "--source", str(source),
            "--destination", str(dest), "--dataset", DATASET, "--version", version, "--no-progress", *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=env if env is not None else dict(os.environ))
@@ -486,7 +486,7 @@ def test_huge_files_are_rejected_without_being_read(sample_dir: Path, tmp_path: 
         for _ in range(100 * MB // len(chunk)):
             f.write(chunk)
 
-    cmd = [sys.executable, "-m", "include.image_tfrecords", "build", "--source", str(src), "--destination",
+    cmd = [sys.executable, "-m", "image_tfrecords", "build", "--source", str(src), "--destination",
            str(tmp_path / "out"), "--dataset", DATASET, "--version", "v1", "--workers", "2", "--no-progress"]
     code, _, err, peaks = _run_measuring_rss(cmd, tmp_path)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.loader import NotPublishedError, info, label_names, load_split
-from include.image_tfrecords.storage import Storage, join
+from image_tfrecords.loader import NotPublishedError, info, label_names, load_split
+from image_tfrecords.storage import Storage, join
 from tests.test_cli import run_cli
 from tools.seaweedfs import S3Server
 
@@ -204,7 +204,7 @@ def test_explicit_storage_without_environment(published: str, s3_server: S3Serve
 
 
 def test_importing_the_loader_does_not_import_tensorflow() -> None:
-    code = "import sys, include.image_tfrecords.loader; print('tensorflow' in sys.modules)"
+    code = "import sys, image_tfrecords.loader; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                             capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords import localfs
-from include.image_tfrecords.discovery import bad_key
-from include.image_tfrecords.localfs import NotARegularFile, open_file, walk
+from image_tfrecords import localfs
+from image_tfrecords.discovery import bad_key
+from image_tfrecords.localfs import NotARegularFile, open_file, walk
 from tests.test_discovery import _write_local
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,9 +148,9 @@ def test_a_swap_between_listing_and_reading_is_a_reject_and_nothing_outside_is_r
     import hashlib
     import shutil
 
-    from include.image_tfrecords import stages
-    from include.image_tfrecords.config import BuildConfig
-    from include.image_tfrecords.storage import Storage, join
+    from image_tfrecords import stages
+    from image_tfrecords.config import BuildConfig
+    from image_tfrecords.storage import Storage, join
 
     source, outside = tmp_path / "src", tmp_path / "outside"
     shutil.copytree(sample_dir, source)

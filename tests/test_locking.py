@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords import locking
-from include.image_tfrecords.storage import Storage, join
+from image_tfrecords import locking
+from image_tfrecords.storage import Storage, join
 
 
 def _staging(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Storage, str]:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from include.image_tfrecords import browse
-from include.image_tfrecords.storage import Storage
+from image_tfrecords import browse
+from image_tfrecords.storage import Storage
 from tests.test_cli import run_cli
 from tools.seaweedfs import S3Server
 

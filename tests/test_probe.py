@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.probe import (
+from image_tfrecords.probe import (
     MAX_PIXELS,
     ImageFacts,
     RejectedImage,

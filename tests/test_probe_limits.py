@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.probe import MAX_JPEG_SCANS, RejectedImage, inspect_image, prepare_image, stored_bytes
+from image_tfrecords.probe import MAX_JPEG_SCANS, RejectedImage, inspect_image, prepare_image, stored_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,7 +163,7 @@ def _bomb_idat(width: int, height: int) -> bytes:
 PEAK_RSS = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from include.image_tfrecords.probe import prepare_image
+from image_tfrecords.probe import prepare_image
 data = open(sys.argv[2], "rb").read()
 facts = prepare_image(data, max_pixels=10**9)[0]
 print(facts.width, facts.height, facts.format)
@@ -194,7 +194,7 @@ def test_png_streams_are_checked_row_by_row(interlace: int) -> None:
     image.save(buf, "PNG", **({"interlace": 1} if interlace else {}))  # Pillow ignores interlace: made below
     width, height = 37, 23
     if interlace:
-        from include.image_tfrecords.probe import _row_layout
+        from image_tfrecords.probe import _row_layout
 
         layout = _row_layout(width, height, 24, True)
         raw = b"".join(b"\0" + bytes(stride - 1) for _, stride, rows in layout for _ in range(rows))

@@ -22,7 +22,7 @@ def snippet(name: str) -> str:
 def test_read_split_snippet_runs_on_a_published_dataset(sample_dir: Path, tmp_path: Path) -> None:
     for compression in ("none", "gzip"):
         dest = tmp_path / compression
-        build = subprocess.run([sys.executable, "-m", "include.image_tfrecords", "build", "--source", str(sample_dir),
+        build = subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--source", str(sample_dir),
                                 "--destination", str(dest), "--dataset", "shapes", "--compression", compression],
                                cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert build.returncode == 0, build.stderr
@@ -51,8 +51,8 @@ FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
 
 
 def cli_help(*args: str) -> str:
-    """``python -m include.image_tfrecords ARGS --help``, unwrapped (a wide terminal: no flag split at a hyphen)."""
-    result = subprocess.run([sys.executable, "-m", "include.image_tfrecords", *args, "--help"], cwd=ROOT,
+    """``image-tfrecords ARGS --help``, unwrapped (a wide terminal: no flag split at a hyphen)."""
+    result = subprocess.run([sys.executable, "-m", "image_tfrecords", *args, "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "400"})
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -77,8 +77,8 @@ def test_readme_documents_every_subcommand_and_flag() -> None:
     commands = subcommands()
     assert "build" in commands
     for command in commands:
-        if f"python -m include.image_tfrecords {command} " not in section:
-            missing.append(f"a usage line `python -m include.image_tfrecords {command} ...`")
+        if f"image-tfrecords {command} " not in section:
+            missing.append(f"a usage line `image-tfrecords {command} ...`")
         flags = set(FLAG.findall(cli_help(command))) - {"--help"}
         missing += [f"`{flag}` of `{command}`" for flag in sorted(flags) if not re.search(
             rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section)]

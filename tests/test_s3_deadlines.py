@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords import storage as storage_module
-from include.image_tfrecords.storage import Storage, StorageError, StoreUnreachable, _translate
+from image_tfrecords import storage as storage_module
+from image_tfrecords.storage import Storage, StorageError, StoreUnreachable, _translate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ def _env(endpoint: str) -> dict[str, str]:
 
 def test_the_cli_fails_within_the_deadline_with_one_line(bad_endpoint: Misbehaving, tmp_path: Path) -> None:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "include.image_tfrecords", "build", "--source", "s3://photos/src",
+    result = subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--source", "s3://photos/src",
                              "--destination", str(tmp_path / "out"), "--dataset", "d", "--no-progress"],
                             cwd=ROOT, env=_env(bad_endpoint.endpoint), capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - started

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords import cli
-from include.image_tfrecords.config import BuildConfig
-from include.image_tfrecords.storage import Storage
+from image_tfrecords import cli
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.storage import Storage
 
 
 def _png(seed: int) -> bytes:

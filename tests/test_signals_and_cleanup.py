@@ -26,10 +26,10 @@ from typing import Any
 import psutil
 import pytest
 
-from include.image_tfrecords import stages
-from include.image_tfrecords.config import BuildConfig
-from include.image_tfrecords.locking import LOCK_FILE, LeaseKeeper, read_lock
-from include.image_tfrecords.storage import Storage, join
+from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.locking import LOCK_FILE, LeaseKeeper, read_lock
+from image_tfrecords.storage import Storage, join
 from tests.tf_reader import read_version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,9 +42,9 @@ import time
 
 sys.path.insert(0, {root!r})
 
-import include.image_tfrecords.cli as cli
-import include.image_tfrecords.reading as reading
-import include.image_tfrecords.stages as stages
+import image_tfrecords.cli as cli
+import image_tfrecords.reading as reading
+import image_tfrecords.stages as stages
 
 DELAYS = {{"_inspect_one": float(os.environ.get("SLOW_INSPECT", "0")),
            "fetch": float(os.environ.get("SLOW_WRITE", "0"))}}
@@ -128,7 +128,7 @@ def _reap(proc: subprocess.Popen[str], workers: list[psutil.Process]) -> None:
 
 def _run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "include.image_tfrecords", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "image_tfrecords", *args], cwd=ROOT,
                           env=env or _env(tmp_path), capture_output=True, text=True, timeout=timeout)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.storage import Storage
+from image_tfrecords.storage import Storage
 from tests.tf_reader import read_version
 from tools import seaweedfs
 

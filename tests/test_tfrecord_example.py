@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from include.image_tfrecords.example import decode_example, encode_example
-from include.image_tfrecords.tfrecord import (
+from image_tfrecords.example import decode_example, encode_example
+from image_tfrecords.tfrecord import (
     COMPRESSIONS,
     CorruptRecordError,
     TFRecordWriter,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from include.image_tfrecords import stages
-from include.image_tfrecords.config import BuildConfig
-from include.image_tfrecords.storage import Storage, join
-from include.image_tfrecords.tfrecord import TFRecordWriter, read_records
+from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.storage import Storage, join
+from image_tfrecords.tfrecord import TFRecordWriter, read_records
 
 
 def stage_until_written(cfg: BuildConfig, storage: Storage) -> list[str]:

@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Any
 
-from include.image_tfrecords.storage import Storage, join
+from image_tfrecords.storage import Storage, join
 
 FEATURE_KEYS = ("image/encoded", "image/format", "image/height", "image/width", "image/channels",
                 "image/class/label", "image/class/text", "image/filename", "image/sha256")

@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from include.image_tfrecords.sample import make_sample  # noqa: E402
-from include.image_tfrecords.storage import Storage, join  # noqa: E402
+from image_tfrecords.sample import make_sample  # noqa: E402
+from image_tfrecords.storage import Storage, join  # noqa: E402
 from tools import seaweedfs  # noqa: E402
 
 BUCKET, DATASET = "datasets", "demo"

@@ -1,4 +1,4 @@
-"""``python -m include.image_tfrecords``: see cli.py."""
+"""``image-tfrecords``: see cli.py."""
 
 import sys
 

@@ -1,8 +1,8 @@
 """Command line: the same pipeline as the DAG, without Airflow.
 
-    python -m include.image_tfrecords build --source SRC --destination DEST --dataset NAME ...
-    python -m include.image_tfrecords clean --destination DEST --dataset NAME [--older-than-hours H]
-    python -m include.image_tfrecords sample OUT [--per-class N]
+    image-tfrecords build --source SRC --destination DEST --dataset NAME ...
+    image-tfrecords clean --destination DEST --dataset NAME [--older-than-hours H]
+    image-tfrecords sample OUT [--per-class N]
 
 S3 credentials and endpoint come from boto3's standard environment (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). User errors print one line and exit non-zero.
@@ -37,7 +37,7 @@ from .preflight import check_locations, check_temp_dir, os_error_line
 from .probe import MAX_PIXELS
 from .storage import Storage, StorageError, StoreUnreachable, is_s3, join
 
-PROG = "python -m include.image_tfrecords"
+PROG = "image-tfrecords"
 # OSErrors about where the build reads or writes (not bugs): one line, no traceback.
 USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
                          errno.EISDIR, errno.ENAMETOOLONG, errno.ENOENT, errno.EEXIST, errno.EIO})

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .errors import ConfigError
 from .probe import MAX_PIXELS
 from .storage import is_s3, join
 from .tfrecord import COMPRESSIONS
@@ -18,8 +19,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # used with fullmatch
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs:", "http:"
 
 
-class ConfigError(ValueError):
-    """Invalid settings: the message says what to change."""
 
 
 def parse_splits(text: str) -> dict[str, float]:

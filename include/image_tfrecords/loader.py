@@ -3,7 +3,7 @@
 The manifest (``dataset_info.json``) says which shards make up a split, how they are compressed and
 which features a record holds, so nothing here hard-codes a dataset::
 
-    from include.image_tfrecords.loader import label_names, load_split
+    from image_tfrecords.loader import label_names, load_split
 
     def resize(image, label):
         return tf.image.resize(image, [224, 224]) / 255.0, label
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .csvio import read_json
+from .errors import NotPublishedError, ShardChecksumError
 from .stages import LATEST, MANIFEST, SUCCESS
 from .storage import Storage, is_s3, join, sha256_file, split_s3
 
@@ -42,12 +43,8 @@ LABEL_KEY = "image/class/label"
 _COMPRESSION = {"none": "", "gzip": "GZIP"}
 
 
-class NotPublishedError(ValueError):
-    """The URI is not a published version (no ``_SUCCESS``) nor a dataset with a ``latest.json``."""
 
 
-class ShardChecksumError(ValueError):
-    """A shard's bytes do not hash to the SHA-256 the manifest lists."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from .errors import LockHeld
 from .storage import Storage, join
 
 LOCK_FILE = "_LOCK.json"
@@ -27,8 +28,6 @@ CLI_LEASE_SECONDS = 600.0
 DAG_LEASE_SECONDS = 6 * 3600.0
 
 
-class LockHeld(RuntimeError):
-    """Another build holds this version's lock."""
 
 
 def lock_uri(staging_uri: str) -> str:

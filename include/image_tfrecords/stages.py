@@ -25,13 +25,14 @@ from . import __version__, planning
 from .config import BuildConfig
 from .csvio import RowWriter, read_json, read_rows, write_json
 from .discovery import DiscoveryCounts, discover
+from .errors import BuildError, StoreBusy
 from .example import decode_example, encode_example
 from .manifest import FEATURES, LABELS_FIELDS, REJECTS_FIELDS, example_features, feature_spec
 from .parallel import batched_map, ordered_map
 from .probe import RejectedImage, inspect_image, stored_bytes
 from .reading import read_source
 from .splitting import DuplicateResolver, assign_split
-from .storage import HashingReader, HashingWriter, Storage, StorageError, is_s3, join
+from .storage import HashingReader, HashingWriter, Storage, is_s3, join
 from .tfrecord import CorruptRecordError, TFRecordWriter, read_records
 
 Progress = Callable[[int], None]
@@ -48,8 +49,6 @@ INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", 
                     "source_format", "transform", "encoded_sha256", "encoded_bytes")
 
 
-class BuildError(RuntimeError):
-    """The build cannot go on with this input (no images, a failed check, a changed source)."""
 
 
 def _staged(cfg: BuildConfig, *parts: str) -> str:
@@ -521,4 +520,4 @@ def update_latest(storage: Storage, dataset_uri: str, version: str, attempts: in
             return current
         if storage.write_if_unchanged(uri, (json.dumps({"version": version}) + "\n").encode(), tag):
             return version
-    raise StorageError(f"{uri} kept changing while it was being updated")
+    raise StoreBusy(f"{uri} kept changing while it was being updated")

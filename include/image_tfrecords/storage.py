@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any, BinaryIO
 
 from . import localfs
+from .errors import StorageError, StoreUnreachable
 
 ClientFactory = Callable[[], Any]
 DEADLINE_ENV, MIN_RATE_ENV, TIMEOUT_ENV = ("IMAGE_TFRECORDS_S3_DEADLINE_SECONDS", "IMAGE_TFRECORDS_S3_MIN_RATE_MBPS",
@@ -41,8 +42,6 @@ _BODY_CHUNK = 1 << 20
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 
 
-class StorageError(RuntimeError):
-    """A storage operation that failed for a reason retrying will not fix (a user error)."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +161,6 @@ def _is_missing(exc: Exception) -> bool:
     return _error_code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
-class StoreUnreachable(RuntimeError):
-    """The S3 endpoint does not answer; retrying later may help (Airflow retries these)."""
 
 
 class _DeadlinePassed(Exception):

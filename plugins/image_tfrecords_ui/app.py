@@ -25,8 +25,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from include.image_tfrecords import browse
-from include.image_tfrecords.storage import Storage
+from image_tfrecords import browse
+from image_tfrecords.storage import Storage
 
 log = logging.getLogger(__name__)
 StorageFactory = Callable[[], Storage]
