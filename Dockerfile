@@ -1,11 +1,12 @@
 # Airflow image for the `image_tfrecords` stack (see docker-compose.yaml).
 #
 # Extends the official image the way https://airflow.apache.org/docs/docker-stack/build.html
-# describes: copy the requirements file in and pip-install it as the `airflow` user, keeping
-# apache-airflow itself pinned so pip cannot up- or downgrade it while resolving the rest.
+# describes: copy the requirements file in and pip-install it as the `airflow` user.
 #
-# The base tag must match the `apache-airflow==` pin in requirements.txt
-# (tests/test_docker_compose.py checks this).
+# requirements.txt is the runtime lock only (Airflow, its Amazon and Postgres providers, and the
+# package's own dependencies; no TensorFlow, no SeaweedFS, no test tools), every file
+# hash-checked. It pins apache-airflow itself, so pip cannot up- or downgrade it; the base tag must
+# match that pin (tests/test_docker_compose.py checks this). Regenerate it with `make lock`.
 FROM apache/airflow:3.3.2-python3.11
 
 # The base image already runs as `airflow`; say so explicitly so that a later edit adding
@@ -13,4 +14,16 @@ FROM apache/airflow:3.3.2-python3.11
 USER airflow
 
 COPY --chown=airflow:root requirements.txt /requirements.txt
-RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /requirements.txt
+RUN pip install --no-cache-dir --require-hashes -r /requirements.txt
+
+# The package itself, so that `image-tfrecords` is a command in every container. Its dependencies
+# came from the lock above (--no-deps), and setuptools, which builds it, is pinned there too
+# (--no-build-isolation: nothing unpinned is fetched). pip builds in the source tree, so it builds
+# a scratch copy that `airflow` owns. docker-compose.yaml puts the mounted ./include first on
+# PYTHONPATH, so edits there take effect without rebuilding this installed copy.
+COPY --chown=airflow:root pyproject.toml README.md /opt/image-tfrecords/
+COPY --chown=airflow:root include/ /opt/image-tfrecords/include/
+RUN src="$(mktemp -d)" \
+    && cp -r /opt/image-tfrecords/. "$src" \
+    && pip install --no-cache-dir --no-deps --no-build-isolation "$src" \
+    && rm -rf "$src"

@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
+# requirements-dev.txt is the complete lock (runtime pins included), every file hash-checked;
+# the package itself goes in by a second call, as it has no hash to check.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation --editable .
 	touch $@
 
@@ -30,9 +32,21 @@ test: install lint
 bench: install
 	$(PY) bench/run.py $(BENCH_ARGS)
 
+# Re-pin after editing requirements.in or requirements-dev.in. Pins already in the .txt files are
+# kept unless the inputs force a change; LOCK_ARGS="--upgrade-package NAME" (or "--upgrade") moves
+# them. The dev lock is constrained by requirements.txt, so the two never disagree. Both are for
+# CPython 3.11 on Linux (the image's python3.11; 3.11.7 is the oldest patch release the pins allow)
+# whatever Python or OS runs this, and list the hashes of every file PyPI has for each pin.
+UV_VERSION := 0.13.8
+LOCK_ARGS ?=
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11.7 \
+	--python-platform x86_64-unknown-linux-gnu --custom-compile-command "make lock" $(LOCK_ARGS)
+
 lock:
-	$(PYTHON) tools/lock.py requirements.in requirements.txt
-	$(PYTHON) tools/lock.py requirements-dev.in requirements-dev.txt --base requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(UV_COMPILE) --output-file requirements.txt requirements.in
+	$(UV_COMPILE) --output-file requirements-dev.txt requirements-dev.in
 
 clean:
 	rm -rf .demo .pytest_cache .ruff_cache

@@ -2,14 +2,13 @@
 ### image_tfrecords_consumer: an example of data-aware scheduling on the published dataset
 
 Runs whenever `image_tfrecords` publishes a version (the `image_tfrecords` Asset). It reads the new
-version's `dataset_info.json` from the URI in the Asset event and logs a summary: the place to start
+version's `manifest.json` from the URI in the Asset event and logs a summary: the place to start
 a training or evaluation job. Triggered by hand (no event), it summarises the version `latest.json`
 names under IMAGE_TFRECORDS_DESTINATION / IMAGE_TFRECORDS_DATASET.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from datetime import timedelta
@@ -37,7 +36,9 @@ def image_tfrecords_consumer() -> None:
         """Read the published manifest named by the triggering event and log what it holds."""
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-        from image_tfrecords.storage import Storage
+        from image_tfrecords import layout
+        from image_tfrecords.config import DEFAULT_DATASET, DEFAULT_DESTINATION
+        from image_tfrecords.storage import Storage, join
 
         context = get_current_context()
         events = [e for asset_events in context["triggering_asset_events"].values() for e in asset_events]
@@ -45,10 +46,10 @@ def image_tfrecords_consumer() -> None:
         if events:
             version_uri = events[-1].extra["uri"]
         else:  # a manual run: the newest complete version at the default destination
-            root = f"{os.environ.get('IMAGE_TFRECORDS_DESTINATION', 's3://datasets/image-tfrecords').rstrip('/')}/" \
-                   f"{os.environ.get('IMAGE_TFRECORDS_DATASET', 'images')}"
-            version_uri = f"{root}/{json.loads(storage.read_bytes(root + '/latest.json'))['version']}"
-        manifest = json.loads(storage.read_bytes(f"{version_uri}/dataset_info.json"))
+            root = os.environ.get("IMAGE_TFRECORDS_DESTINATION", DEFAULT_DESTINATION)
+            dataset = os.environ.get("IMAGE_TFRECORDS_DATASET", DEFAULT_DATASET)
+            version_uri = layout.resolve(storage, join(root, dataset))
+        manifest = layout.read_manifest(storage, version_uri)
         summary = {"uri": version_uri, "version": manifest["version"], "num_records": manifest["num_records"],
                    "classes": len(manifest["classes"]),
                    "splits": {name: split["num_records"] for name, split in manifest["splits"].items()}}

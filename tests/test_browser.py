@@ -263,7 +263,7 @@ def test_datasets_page_in_the_airflow_ui(api_server: str, published: dict[str, s
                                          tmp_path: Path) -> None:
     dataset, version = published["dataset"], published["version"]
     storage = Storage(s3_server.client)
-    manifest = json.loads(storage.read_bytes(f"{published['destination']}/{dataset}/{version}/dataset_info.json"))
+    manifest = json.loads(storage.read_bytes(f"{published['destination']}/{dataset}/{version}/manifest.json"))
     card_url = f"{api_server}/image-tfrecords/datasets/0/{dataset}/{version}/card"
 
     # The app answers only a logged-in user; credentials never reach the page.

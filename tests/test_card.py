@@ -326,7 +326,7 @@ def csv_rows(path: Path) -> Callable[[], Iterator[Row]]:
 def read_manifest(version: Path) -> dict[str, Any]:
     import json
 
-    return json.loads((version / "dataset_info.json").read_text())
+    return json.loads((version / "manifest.json").read_text())
 
 
 def card_of(version: Path, source: Path, previous: Path | None) -> dict[str, bytes]:

@@ -97,12 +97,27 @@ def test_rerun_gives_identical_shards(sample_dir: Path, tmp_path: Path) -> None:
     shas = []
     for version, workers in (("a", "1"), ("b", "2")):
         result = run_cli("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "d",
-                         "--version", version, "--shard-size-mb", "0.05", "--salt", "s1", "--workers", workers)
+                         "--version", version, "--shard-size-mb", "0.05", "--salt", "s1", "--workers", workers,
+                         "--force")
         assert result.returncode == 0, result.stderr
-        manifest = json.loads((tmp_path / "d" / version / "dataset_info.json").read_text())
+        manifest = json.loads((tmp_path / "d" / version / "manifest.json").read_text())
         shas.append({s: [(x["file"], x["sha256"]) for x in i["shards"]] for s, i in manifest["splits"].items()})
     assert shas[0] == shas[1]
     assert (tmp_path / "d" / "a" / "labels.csv").read_bytes() == (tmp_path / "d" / "b" / "labels.csv").read_bytes()
+
+
+def test_unchanged_source_is_skipped_unless_forced(sample_dir: Path, tmp_path: Path) -> None:
+    args = ("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "d", "--workers", "1")
+    assert run_cli(*args, "--version", "v1").returncode == 0
+    skipped = run_cli(*args, "--version", "v2")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "unchanged since version v1" in skipped.stdout and "--force" in skipped.stdout
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["latest.json", "v1"]  # no staging left either
+    assert json.loads((tmp_path / "d" / "latest.json").read_text()) == {"version": "v1"}
+    forced = run_cli(*args, "--version", "v2", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((tmp_path / "d" / "latest.json").read_text()) == {"version": "v2"}
+    assert (tmp_path / "d" / "v2" / "labels.csv").read_bytes() == (tmp_path / "d" / "v1" / "labels.csv").read_bytes()
 
 
 def test_salt_changes_the_split(sample_dir: Path, tmp_path: Path) -> None:
@@ -240,7 +255,7 @@ def test_as_of_builds_the_source_as_it_was(sample_dir: Path, tmp_path: Path) -> 
                      "20261010", "--as-of", "2026-10-10T00:00:00+00:00")
     assert result.returncode == 0, result.stderr
     assert set(labels_by_file(dest / "d" / "20261010" / "labels.csv")) == before
-    manifest = json.loads((dest / "d" / "20261010" / "dataset_info.json").read_text())
+    manifest = json.loads((dest / "d" / "20261010" / "manifest.json").read_text())
     assert manifest["as_of"] == "2026-10-10T00:00:00+00:00" and manifest["num_records"] == len(before)
     later = run_cli("build", "--source", str(source), "--destination", str(dest), "--dataset", "d", "--version",
                     "20261021", "--as-of", "2026-10-21T00:00:00+00:00")

@@ -146,7 +146,7 @@ def test_secret_never_in_task_logs_or_published_files(airflow_env: dict[str, str
     logs = Path(airflow_env["AIRFLOW_HOME"]) / "logs"
     texts = [p.read_text(errors="replace") for p in logs.rglob("*") if p.is_file()]
     texts += [s3_storage.read_text(f"s3://{bucket}/out/d/v/{name}")
-              for name in ("dataset_info.json", "labels.csv", "rejects.csv")]
+              for name in ("manifest.json", "labels.csv", "rejects.csv")]
     texts.append(result.stdout + result.stderr)
     assert len(texts) > 3
     assert not [text[:200] for text in texts if s3_server.secret_key in text]

@@ -607,5 +607,5 @@ def test_airflow_init_creates_the_pool_the_dag_uses(services: Services, env: Env
     pool = env["IMAGE_TFRECORDS_POOL"]
     assert re.search(rf"airflow pools set {re.escape(pool)} \d+ ", init_script(services)), \
         "airflow-init must create the pool"
-    dag = (ROOT / "dags" / "image_tfrecords.py").read_text()
+    dag = (ROOT / "dags" / "image_tfrecords_dag.py").read_text()
     assert 'os.environ.get("IMAGE_TFRECORDS_POOL"' in dag and "pool=POOL" in dag

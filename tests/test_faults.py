@@ -72,7 +72,7 @@ def test_store_outage_during_shards_and_publish_is_retried(own_server: seaweedfs
         run = subprocess.Popen([AIRFLOW, "dags", "test", "image_tfrecords", "2026-11-02T00:00:00+00:00",
                                 "-c", json.dumps(conf)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        for phase, marker in (("shard writing", "plan.json"), ("publish", "dataset_info.json")):
+        for phase, marker in (("shard writing", "plan.json"), ("publish", "manifest.json")):
             _wait_for(lambda m=marker: _exists(storage, f"{staging}/{m}"), 120, f"{phase} to start")
             retries_before = log_path.read_text().count("new_state=up_for_retry")
             seaweedfs.stop(server, hard=True)  # the store goes down, at once
@@ -116,8 +116,8 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
     code = ("import sys, time; from image_tfrecords import stages; "
             "from image_tfrecords.config import BuildConfig; "
             "from image_tfrecords.storage import Storage; import json; "
-            "read = stages.read_source; "
-            "stages.read_source = lambda s, src, name, *a: time.sleep(3600) if name == sys.argv[3] "
+            "read = stages.write.read_source; "
+            "stages.write.read_source = lambda s, src, name, *a: time.sleep(3600) if name == sys.argv[3] "
             "else read(s, src, name, *a); "
             "stages.write_shard(BuildConfig(**json.loads(sys.argv[1])), Storage(), sys.argv[2])")
     writer = subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg.to_dict()), shard, blocked], cwd=ROOT,
@@ -141,7 +141,7 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
 
 
 def _members(storage: Storage, cfg: BuildConfig, shard: str) -> list[tuple[int, str]]:
-    from image_tfrecords.csvio import read_rows
+    from image_tfrecords.documents import read_rows
 
     with read_rows(storage, join(cfg.staging_uri, "members", shard + ".csv")) as rows:
         return [(i, row["filename"]) for i, row in enumerate(rows)]

@@ -59,38 +59,72 @@ def test_shard_file_names_sort_in_index_order() -> None:
     assert len(set(files)) == 1500
 
 
-def _keys(n: int, seed: int = 0) -> list[tuple[float, int]]:
+def _keys(n: int, seed: int = 0) -> list[float]:
     rng = random.Random(seed)
-    return [(rng.random(), row) for row in range(n)]
+    return [rng.random() for _ in range(n)]
 
 
 @pytest.mark.parametrize("n,shards", [(1, 1), (10, 3), (100, 7), (1000, 1), (1001, 10), (5, 5), (12345, 64)])
 def test_deal_is_balanced(n: int, shards: int) -> None:
-    placement = deal(_keys(n), shards)
-    assert sorted(placement) == list(range(n))
-    counts = Counter(placement.values())
+    ranks, placement = deal(_keys(n), shards)
+    assert sorted(ranks.tolist()) == list(range(n))
+    counts = Counter(placement.tolist())
     assert set(counts) == set(range(min(n, shards)))
     assert max(counts.values()) - min(counts.values()) <= 1
 
 
 def test_deal_is_round_robin_in_key_order() -> None:
     keys = _keys(50)
-    placement = deal(keys, 4)
-    by_key = [row for _, row in sorted(keys)]
-    assert [placement[row] for row in by_key] == [rank % 4 for rank in range(50)]
+    ranks, placement = deal(keys, 4)
+    by_key = [row for _, row in sorted((key, row) for row, key in enumerate(keys))]
+    assert [int(ranks[row]) for row in by_key] == list(range(50))
+    assert [int(placement[row]) for row in by_key] == [rank % 4 for rank in range(50)]
 
 
-def test_deal_is_deterministic_and_ignores_input_order() -> None:
+def test_deal_breaks_ties_by_row_number() -> None:
+    ranks, placement = deal([0.5, 0.25, 0.5, 0.25], 2)
+    assert ranks.tolist() == [2, 0, 3, 1]
+    assert placement.tolist() == [0, 0, 1, 1]
+
+
+def test_deal_is_deterministic() -> None:
     keys = _keys(500)
-    expected = deal(keys, 7)
-    shuffled = list(keys)
-    random.Random(1).shuffle(shuffled)
-    assert deal(shuffled, 7) == expected
-    assert deal(iter(keys), 7) == expected
+    first, second = deal(keys, 7), deal(list(keys), 7)
+    assert first[0].tolist() == second[0].tolist() and first[1].tolist() == second[1].tolist()
 
 
 def test_deal_empty() -> None:
-    assert deal([], 3) == {}
+    ranks, placement = deal([], 3)
+    assert len(ranks) == 0 and len(placement) == 0
+
+
+def test_plan_stage_stages_the_members_deal_decides(sample_dir, tmp_path) -> None:
+    """The shards production plans are the ones ``deal`` gives, in rank order (no separate rule)."""
+    import csv
+
+    from image_tfrecords import stages
+    from image_tfrecords.config import BuildConfig
+    from image_tfrecords.storage import Storage
+
+    cfg = BuildConfig(source=str(sample_dir), destination=str(tmp_path), dataset="d", version="v1",
+                      shard_size_mb=0.01, salt="s")
+    storage = Storage()
+    for stage in (stages.discover_stage, stages.inspect_stage, stages.split_stage, stages.plan_stage):
+        stage(cfg, storage)
+    staging = tmp_path / "d" / "_staging" / "v1"
+    with open(staging / "labels.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    plan = __import__("json").loads((staging / "plan.json").read_text())
+    assert len(plan["splits"]["train"]) >= 3, "several shards in a split, or this test means nothing"
+    for split, files in plan["splits"].items():
+        members = [r["filename"] for r in rows if r["split"] == split]
+        keys = [order_key("s", r["sha256"]) for r in rows if r["split"] == split]
+        ranks, placement = deal(keys, len(files))
+        for index, shard in enumerate(files):
+            with open(staging / "members" / f"{shard}.csv", newline="") as f:
+                staged = [r["filename"] for r in csv.DictReader(f)]
+            expected = sorted((int(ranks[i]), name) for i, name in enumerate(members) if placement[i] == index)
+            assert staged == [name for _, name in expected], shard
 
 
 def test_order_key_is_deterministic_salted_and_not_the_split_hash() -> None:

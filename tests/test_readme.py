@@ -36,7 +36,7 @@ def test_read_split_snippet_runs_on_a_published_dataset(sample_dir: Path, tmp_pa
 
 
 def test_readme_states_commands_and_layout() -> None:
-    for text in ("make demo", "make test", "make install", "docker compose up", "dags/image_tfrecords.py",
+    for text in ("make demo", "make test", "make install", "docker compose up", "dags/image_tfrecords_dag.py",
                  "{split}-{index:05d}-of-{count:05d}.tfrecord", "_SUCCESS", "latest.json", "rejects.csv",
                  "dataset_info.json", "aws_default", "AWS_ENDPOINT_URL"):
         assert text in README, text

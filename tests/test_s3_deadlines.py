@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from image_tfrecords import storage as storage_module
-from image_tfrecords.storage import Storage, StorageError, StoreUnreachable, _translate
+from image_tfrecords.storage import Storage, StorageError, StoreUnreachable, deadlines
+from image_tfrecords.storage.deadlines import translate as _translate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -253,13 +254,13 @@ def test_a_real_store_reads_through_the_deadline_wrapper(s3_storage: Storage, bu
     s3_storage.write_bytes(uri, data)
     assert s3_storage.read_bytes(uri) == data
     threads = []
-    original = storage_module._within
+    original = deadlines.within
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         threads.append(1)
         return original(*args, **kwargs)
 
-    storage_module._within = counting
+    deadlines.within = counting
     try:
         with s3_storage.open_read(uri) as body:
             pieces = []
@@ -269,6 +270,6 @@ def test_a_real_store_reads_through_the_deadline_wrapper(s3_storage: Storage, bu
                     pieces.append(body.read())
                     break
     finally:
-        storage_module._within = original
+        deadlines.within = original
     assert b"".join(pieces) == data
     assert len(threads) <= 8, f"{len(threads)} threads for one 5 MB body"

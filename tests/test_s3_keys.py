@@ -71,5 +71,5 @@ def test_unclean_keys_are_rejects_and_never_read_as_another_key(moto_s3: Any, tm
     for key, data in odd.items():
         if data:
             assert data not in shards, key
-    manifest = json.loads((version / "dataset_info.json").read_text())
+    manifest = json.loads((version / "manifest.json").read_text())
     assert manifest["skipped_by_kind"] == {"folder_marker": 1}

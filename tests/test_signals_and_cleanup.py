@@ -46,7 +46,7 @@ import image_tfrecords.cli as cli
 import image_tfrecords.reading as reading
 import image_tfrecords.stages as stages
 
-DELAYS = {{"_inspect_one": float(os.environ.get("SLOW_INSPECT", "0")),
+DELAYS = {{"inspect_one": float(os.environ.get("SLOW_INSPECT", "0")),
            "fetch": float(os.environ.get("SLOW_WRITE", "0"))}}
 _original = reading.read_source
 
@@ -59,7 +59,8 @@ def slow_read_source(*args, **kwargs):
 
 
 reading.read_source = slow_read_source
-stages.read_source = slow_read_source
+stages.inspect.read_source = slow_read_source
+stages.write.read_source = slow_read_source
 sys.exit(cli.main(sys.argv[1:]))
 """
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from image_tfrecords.example import decode_example, encode_example
+from image_tfrecords.layout import shard_suffix
 from image_tfrecords.tfrecord import (
     COMPRESSIONS,
     CorruptRecordError,
@@ -19,7 +20,6 @@ from image_tfrecords.tfrecord import (
     frame,
     masked_crc,
     read_records,
-    suffix,
 )
 
 TF_COMPRESSION = {"none": "", "gzip": "GZIP"}
@@ -90,7 +90,7 @@ def test_uncompressed_output_equals_tensorflows_writer(tf: Any, tmp_path: Path) 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_tensorflow_reads_our_records(tf: Any, tmp_path: Path, compression: str) -> None:
-    path = tmp_path / f"shard{suffix(compression)}"
+    path = tmp_path / f"shard{shard_suffix(compression)}"
     path.write_bytes(_write(PAYLOADS, compression))
     assert _tf_read(tf, path, compression) == PAYLOADS
 
@@ -145,8 +145,26 @@ def test_writer_rejects_unknown_compression() -> None:
 
 
 def test_suffix() -> None:
-    assert suffix("none") == ".tfrecord"
-    assert suffix("gzip") == ".tfrecord.gz"
+    assert shard_suffix("none") == ".tfrecord"
+    assert shard_suffix("gzip") == ".tfrecord.gz"
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_index_lists_each_record_start_and_length(compression: str, tmp_path: Path) -> None:
+    """The .tfindex the writer keeps matches what tfrecord's own tfrecord2idx computes from the file."""
+    records = [b"", b"x" * 7, b"y" * 1000, b"z"]
+    raw = io.BytesIO()
+    with TFRecordWriter(raw, compression) as writer:
+        for record in records:
+            writer.write(record)
+    plain = raw.getvalue() if compression == "none" else gzip.decompress(raw.getvalue())
+    expected, position = [], 0
+    while position < len(plain):  # tfrecord2idx's walk: 8-byte length, 4-byte CRC, data, 4-byte CRC
+        (length,) = struct.unpack("<Q", plain[position:position + 8])
+        expected.append(f"{position} {length + 16}\n")
+        position += length + 16
+    assert writer.index().decode() == "".join(expected)
+    assert len(expected) == len(records)
 
 
 # -- corruption ------------------------------------------------------------------------------------

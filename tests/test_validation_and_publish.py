@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords import stages
+from image_tfrecords import layout, stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.storage import Storage, join
 from image_tfrecords.tfrecord import TFRecordWriter, read_records
@@ -95,7 +95,7 @@ def test_publish_is_idempotent_and_versions_are_immutable(sample_dir: Path, tmp_
     first = stages.publish_stage(cfg, storage)
     assert first["already_published"] is False
     published = _files(Path(cfg.version_uri))
-    assert {"_SUCCESS", "dataset_info.json", "labels.csv", "rejects.csv", "card.md", "card.html",
+    assert {"_SUCCESS", "manifest.json", "labels.csv", "rejects.csv", "card.md", "card.html",
             "card/records.png"} <= published.keys()
     modes = {name: (Path(cfg.version_uri) / name).stat().st_mode & 0o777 for name in published}
     assert set(modes.values()) == {0o644}, modes  # readable by everyone who may read the folder
@@ -125,20 +125,20 @@ def test_latest_only_moves_forward_under_concurrency(where: str, tmp_path: Path,
     else:
         storage, root = Storage(), str(tmp_path / "d")
     versions = [f"20261101T{h:02d}0000Z" for h in range(12)]
-    threads = [threading.Thread(target=stages.update_latest, args=(Storage(storage._factory), root, v))
+    threads = [threading.Thread(target=layout.update_latest, args=(Storage(storage._factory), root, v))
                for v in reversed(versions)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert json.loads(storage.read_bytes(join(root, "latest.json"))) == {"version": versions[-1]}
-    assert stages.update_latest(storage, root, versions[0]) == versions[-1]  # an older run never wins
+    assert layout.update_latest(storage, root, versions[0]) == versions[-1]  # an older run never wins
     assert json.loads(storage.read_bytes(join(root, "latest.json"))) == {"version": versions[-1]}
 
 
 def test_version_key_is_natural() -> None:
-    assert stages.version_key("v10") > stages.version_key("v9")
-    assert stages.version_key("20261102T000000Z") > stages.version_key("20261101T230000Z")
+    assert layout.version_key("v10") > layout.version_key("v9")
+    assert layout.version_key("20261102T000000Z") > layout.version_key("20261101T230000Z")
 
 
 def test_duplicates_and_conflicts_are_rejected_not_lost(tmp_path: Path, sample_dir: Path) -> None:
@@ -167,7 +167,7 @@ def test_duplicates_and_conflicts_are_rejected_not_lost(tmp_path: Path, sample_d
         "b/two.jpg,label_conflict,\"same content labelled a, b\"",
         "b/broken.jpg,corrupt,OSError: Truncated File Read",
     ])
-    manifest = json.loads((Path(cfg.version_uri) / "dataset_info.json").read_text())
+    manifest = json.loads((Path(cfg.version_uri) / "manifest.json").read_text())
     assert manifest["num_records"] == 2 and manifest["num_rejected"] == 4
     assert manifest["classes"] == ["a", "b"]
     assert manifest["rejects_by_reason"] == {"corrupt": 1, "duplicate": 1, "label_conflict": 2}

@@ -24,7 +24,7 @@ def read_version(storage: Storage, version_uri: str) -> tuple[dict[str, Any], di
     """(manifest, {split: [record dict with decoded image shape]}) for a published version."""
     import tensorflow as tf
 
-    manifest = json.loads(storage.read_bytes(join(version_uri, "dataset_info.json")))
+    manifest = json.loads(storage.read_bytes(join(version_uri, "manifest.json")))
     compression = "GZIP" if manifest["compression"] == "gzip" else ""
     out: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

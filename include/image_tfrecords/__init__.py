@@ -1,7 +1,33 @@
 """Turn folders of labelled images into validated, published TFRecord datasets.
 
 Pure Python (no Airflow import): the DAG in ``dags/`` and the command line both call
-``stages``. Heavy libraries (Pillow, boto3) are imported where they are used.
+``stages``. Heavy libraries (Pillow, boto3, TensorFlow, pandas) are imported where they are used.
+
+The reading side is exported here lazily (PEP 562): ``from image_tfrecords import load_split``
+imports ``loader`` on first use, so ``import image_tfrecords`` imports nothing (not even ``typing``).
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.2.0"
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (PEP 781)
+if TYPE_CHECKING:
+    from .loader import label_names, labels, load_split
+
+_LAZY = {"label_names": "loader", "labels": "loader", "load_split": "loader"}
+__all__ = ["__version__", "label_names", "labels", "load_split"]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -20,7 +20,7 @@ from typing import Any
 
 from .manifest import ordered_splits
 from .stages import LATEST, MANIFEST, SUCCESS, version_key
-from .storage import Storage, StorageError, StoreUnreachable, is_s3, join, split_s3
+from .storage import Storage, StorageError, StoreUnreachable, is_s3, join
 
 DESTINATION_ENV = "IMAGE_TFRECORDS_DESTINATION"
 DEFAULT_DESTINATION = "s3://datasets/image-tfrecords"  # the DAG's default too
@@ -113,20 +113,7 @@ def safe_error(exc: BaseException) -> str:
 # -- listing ------------------------------------------------------------------------------------
 def list_children(storage: Storage, uri: str) -> tuple[list[str], list[str]]:
     """(sub-folder names, file names) directly below ``uri``, sorted; one delimiter listing on S3."""
-    if not is_s3(uri):
-        if not os.path.isdir(uri):
-            return [], []
-        entries = [e for e in os.scandir(uri) if not e.is_symlink()]
-        return sorted(e.name for e in entries if e.is_dir()), sorted(e.name for e in entries if e.is_file())
-    bucket, prefix = split_s3(uri)
-    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-    folders: list[str] = []
-    files: list[str] = []
-    pages = storage.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/")
-    for page in pages:
-        folders += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
-        files += [o["Key"][len(prefix):] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
-    return sorted(folders), sorted(files)
+    return storage.list_children(uri)
 
 
 def read_latest(storage: Storage, dataset_uri: str) -> str | None:
@@ -165,8 +152,7 @@ def _split_counts(manifest: dict[str, Any]) -> dict[str, int]:
 
 def _prime(storage: Storage, uri: str) -> None:
     """Create the S3 client before threads share it (its factory is not thread-safe)."""
-    if is_s3(uri):
-        _ = storage.s3
+    storage.prime(uri)
 
 
 def list_dataset(storage: Storage, root: str, name: str, limit: int | None = None) -> DatasetInfo | None:

@@ -26,16 +26,16 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
-from . import stages
+from . import layout, stages
 from .cleanup import clean_staging
 from .config import DEFAULT_MAX_FILE_MB, DEFAULT_SPLITS, BuildConfig, ConfigError, check_location, parse_splits
-from .locking import LeaseKeeper, LockHeld
+from .errors import BuildError, ImageTfrecordsError, LockHeld
+from .locking import LeaseKeeper
 from .preflight import check_locations, check_temp_dir, os_error_line
 from .probe import MAX_PIXELS
-from .storage import Storage, StorageError, StoreUnreachable, is_s3, join
+from .storage import Storage, is_s3, join
 
 PROG = "image-tfrecords"
 # OSErrors about where the build reads or writes (not bugs): one line, no traceback.
@@ -59,7 +59,7 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 def default_version(now: datetime | None = None) -> str:
     """A sortable version name from the current UTC time, e.g. ``20261122T031500Z``."""
-    return (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return layout.version_name(now or datetime.now(UTC))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="reject larger files (too_large) without reading them (default: %(default)g)")
     build.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
                        help="reject images with more pixels (too_many_pixels) before decoding (default: %(default)d)")
+    build.add_argument("--force", action="store_true",
+                       help="build even when the source and params are unchanged since the previous version")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     clean = commands.add_parser("clean", help="remove the staging files of builds that never published")
     clean.add_argument("--destination", required=True, help="local folder or s3://bucket/prefix")
@@ -99,31 +101,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _Bar:
-    """A tqdm progress bar on stderr (or nothing)."""
+@contextlib.contextmanager
+def _bars(enabled: bool) -> Iterator[stages.ProgressFactory]:
+    """Progress bars on stderr, one per stage (or none)."""
 
-    def __init__(self, enabled: bool, desc: str, total: int | None) -> None:
-        self._bar = None
-        if enabled:
-            from tqdm import tqdm
+    @contextlib.contextmanager
+    def bar(stage: str, total: int) -> Iterator[stages.Progress]:
+        from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit="img", file=sys.stderr, leave=False)
+        with tqdm(total=total, desc=stage, unit="img", file=sys.stderr, leave=False, disable=not enabled) as t:
+            yield t.update
 
-    def __call__(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.update(n)
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.close()
+    yield bar
 
 
-def build(cfg: BuildConfig, workers: int = 1, progress: bool = True,
-          storage: Storage | None = None) -> dict[str, Any]:
-    """Run every stage; shards are written and validated by ``workers`` processes.
+def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: Storage | None = None,
+          force: bool = False) -> dict[str, Any]:
+    """Run ``stages.run_pipeline``; per-image work goes to ``workers`` processes.
 
     Holds the version's lock throughout (see ``locking``); temporary files live in one private
     folder, removed at the end whatever happens.
@@ -132,28 +126,15 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True,
     workers = max(1, workers)
     check_locations(cfg)
     check_temp_dir()
-    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease:
-        found = stages.discover_stage(cfg, storage)
-        with _process_pool(workers) as pool:
-            with _Bar(progress, "inspect", found["candidates"]) as bar:  # one process: 2 threads
-                stages.inspect_stage(cfg, storage, workers=max(2, workers), progress=bar,
-                                     processes=pool if workers > 1 else None)
-            split = stages.split_stage(cfg, storage)
-            plan = stages.plan_stage(cfg, storage)
-            shard_files = [f for task in range(plan["num_tasks"]) for f in stages.task_shards(cfg, storage, task)]
-            results: list[dict[str, Any]] = []
-            with _Bar(progress, "write", split["num_records"]) as bar:
-                for receipt in pool.map(partial(stages.write_shard, cfg, storage), shard_files):
-                    bar(receipt["num_records"])
-            with _Bar(progress, "validate", split["num_records"]) as bar:
-                for result in pool.map(partial(stages.validate_shard, cfg, storage), shard_files):
-                    results.append(result)
-                    bar(result["num_records"])
-        stages.validate_stage(cfg, storage, results)
-        stages.card_stage(cfg, storage)
-        if lease.lost:
-            raise stages.BuildError(f"lost the lock of version {cfg.version} ({lease.lost}); nothing was published")
-        return stages.publish_stage(cfg, storage)
+    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, _process_pool(workers) as pool, \
+            _bars(progress) as bars:
+
+        def still_locked() -> None:
+            if lease.lost:
+                raise BuildError(f"lost the lock of version {cfg.version} ({lease.lost}); nothing was published")
+
+        return stages.run_pipeline(cfg, storage, pool=pool, workers=workers, progress=bars, force=force,
+                                   before_publish=still_locked)
 
 
 @contextlib.contextmanager
@@ -185,7 +166,7 @@ def _worker_init(parent: int) -> None:
 def _process_pool(workers: int) -> Iterator[Any]:
     """A process pool (or inline execution for one worker) whose processes never outlive the build."""
     if workers <= 1:
-        yield _Inline()
+        yield None
         return
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
     try:
@@ -204,21 +185,11 @@ def _process_pool(workers: int) -> Iterator[Any]:
     pool.shutdown(wait=True)
 
 
-class _Inline:
-    """The executor interface, in this process."""
-
-    def map(self, fn, items):  # type: ignore[no-untyped-def]
-        return map(fn, items)
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
 def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: Storage) -> str:
-    manifest = stages.read_json(storage, f"{result['uri']}/{stages.MANIFEST}")
+    if result.get("unchanged_since"):
+        return (f"{cfg.dataset}: source and params unchanged since version {result['unchanged_since']}; nothing "
+                f"built (--force builds anyway)")
+    manifest = layout.read_manifest(storage, result["uri"])
     megabytes = sum(s["num_bytes"] for split in manifest["splits"].values() for s in split["shards"]) / 1e6
     lines = [f"published {cfg.dataset} version {cfg.version} to {result['uri']}"
              + (" (already published: nothing changed)" if result["already_published"] else "")]
@@ -253,7 +224,7 @@ def _clean(args: argparse.Namespace) -> int:
 def _left_behind(cfg: BuildConfig, storage: Storage) -> str:
     """What a stopped build left, and what to do about it."""
     with contextlib.suppress(Exception):
-        if storage.exists(join(cfg.version_uri, stages.SUCCESS)):
+        if storage.exists(join(cfg.version_uri, layout.SUCCESS)):
             return f"version {cfg.version} was published at {cfg.version_uri}"
     kept = is_s3(cfg.staging_uri) or _has_staged_files(cfg)
     return "nothing was published (latest.json is unchanged)" + (f"; {_kept_staging(cfg)}" if kept else "")
@@ -323,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--workers must be at least 1")
         started = time.perf_counter()
         result = build(cfg, workers=args.workers, progress=not args.no_progress and sys.stderr.isatty(),
-                       storage=storage)
+                       storage=storage, force=args.force)
         print(_summary(cfg, result, time.perf_counter() - started, storage))
         return 0
     except Interrupted as exc:
@@ -334,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: version {cfg.version if cfg else '?'} is being built by another process; wait for it or pick "
               f"another --version: {exc}", file=sys.stderr)
         return 1
-    except (ConfigError, stages.BuildError, StorageError, StoreUnreachable, ValueError) as exc:
+    except ImageTfrecordsError as exc:
         print(f"error: {exc}{_staging_hint(cfg)}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     except OSError as exc:

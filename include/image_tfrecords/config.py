@@ -9,13 +9,15 @@ from datetime import datetime
 from typing import Any
 
 from .errors import ConfigError
+from .layout import is_name
 from .probe import MAX_PIXELS
 from .storage import is_s3, join
 from .tfrecord import COMPRESSIONS
 
 DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
+DEFAULT_DESTINATION = "s3://datasets/image-tfrecords"  # the DAG's and the datasets page's default
+DEFAULT_DATASET = "images"
 DEFAULT_MAX_FILE_MB = 256.0
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # used with fullmatch
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs:", "http:"
 
 
@@ -63,7 +65,7 @@ def check_splits(splits: Any) -> dict[str, float]:
         raise ConfigError("splits must be a non-empty object like {\"train\": 0.8, \"test\": 0.2}")
     out: dict[str, float] = {}
     for name, fraction in splits.items():
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
+        if not isinstance(name, str) or not is_name(name):
             raise ConfigError(f"split name {name!r} must be letters, digits, '.', '_' or '-'")
         if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
             raise ConfigError(f"split {name!r} fraction must be a number in (0, 1], not {fraction!r}")
@@ -96,8 +98,9 @@ class BuildConfig:
             check_location(what, getattr(self, what))
         for what in ("dataset", "version"):
             value = getattr(self, what)
-            if not isinstance(value, str) or not _NAME.fullmatch(value):
+            if not isinstance(value, str) or not is_name(value):
                 raise ConfigError(f"{what} {value!r} must start with a letter or digit and use only "
+                                  "(at most 200) "
                                   "letters, digits, '.', '_' or '-'")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {self.compression!r}")

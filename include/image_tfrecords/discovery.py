@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .csvio import read_rows
+from .documents import read_rows
 from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
 from .storage import FileInfo, Storage, StorageError, is_s3, join
 

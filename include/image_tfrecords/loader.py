@@ -1,28 +1,23 @@
-"""Read a published dataset as a ``tf.data.Dataset`` of ``(image, label)`` pairs.
+"""Read a published dataset as a ``tf.data.Dataset``, ready for ``model.fit``::
 
-The manifest (``dataset_info.json``) says which shards make up a split, how they are compressed and
-which features a record holds, so nothing here hard-codes a dataset::
+    from image_tfrecords import label_names, load_split
 
-    from image_tfrecords.loader import label_names, load_split
+    ds = load_split("s3://datasets/image-tfrecords/flowers", "train", image_size=(224, 224), batch_size=32,
+                    shuffle=True)   # (uint8 [32, 224, 224, 3], int64 [32]) batches; cardinality known
 
-    def resize(image, label):
-        return tf.image.resize(image, [224, 224]) / 255.0, label
+``uri`` is a published version (``DEST/DATASET/VERSION``) or a dataset (the version ``latest.json``
+names), a local folder or ``s3://``; ``layout`` finds the version and its manifest. TensorFlow has
+no S3 filesystem, so S3 shards are fetched into a local cache folder as the interleave reaches
+them, checked against the manifest's SHA-256, and reused from there.
 
-    ds = load_split("s3://datasets/image-tfrecords/flowers", "train").shuffle(1000).map(resize).batch(32)
-    names = label_names("s3://datasets/image-tfrecords/flowers")   # names[label] is the class name
-
-``uri`` is a published version (``DEST/DATASET/VERSION``) or a dataset (``DEST/DATASET``: the
-version ``latest.json`` names), a local folder or ``s3://``. A version without ``_SUCCESS`` is
-refused. TensorFlow has no S3 filesystem, so S3 shards are fetched into a local cache folder as the
-interleave reaches them, checked against the manifest's SHA-256, and reused from there.
-
-TensorFlow is imported inside the functions: importing this module stays cheap (the Airflow DAG
-imports the package).
+TensorFlow (and pandas, for ``labels``) are imported inside the functions: importing this module
+stays cheap (the Airflow DAG imports the package).
 """
 
 from __future__ import annotations
 
 import atexit
+import io
 import os
 import shutil
 import tempfile
@@ -30,21 +25,25 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .csvio import read_json
 from .errors import NotPublishedError, ShardChecksumError
-from .stages import LATEST, MANIFEST, SUCCESS
+from .layout import LABELS, read_manifest
+from .layout import resolve as _resolve
 from .storage import Storage, is_s3, join, sha256_file, split_s3
 
 if TYPE_CHECKING:
+    import pandas as pd
     import tensorflow as tf
 
-IMAGE_KEY = "image/encoded"
-LABEL_KEY = "image/class/label"
+__all__ = ["AUTOTUNE", "NotPublishedError", "ShardChecksumError", "feature_spec", "info", "label_names", "labels",
+           "load_split", "resolve"]
+
+AUTOTUNE = -1  # tf.data.AUTOTUNE, without importing TensorFlow
+IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"
+DECODED_KEY = "image"  # the decoded image in ``as_dict`` mode (in place of the encoded bytes)
+SHUFFLE_MEMORY = 256 * 2**20  # shuffle=True: a buffer of as many encoded records as fit in this...
+MIN_SHUFFLE = 1_000  # ...but at least this many (or the whole split)
 _COMPRESSION = {"none": "", "gzip": "GZIP"}
-
-
-
-
+_INT_COLUMNS = ("label_id", "width", "height", "channels", "num_bytes", "encoded_bytes")
 
 
 @dataclass(frozen=True)
@@ -58,33 +57,33 @@ class _Shard:
 # -- manifest ---------------------------------------------------------------------------------
 def resolve(uri: str, storage: Storage | None = None) -> str:
     """The published version URI for ``uri`` (a version, or a dataset resolved through ``latest.json``)."""
-    storage = storage or Storage()
-    uri = uri.rstrip("/")
-    version = uri
-    if not storage.exists(join(uri, MANIFEST)):
-        try:
-            latest = read_json(storage, join(uri, LATEST))
-        except FileNotFoundError:
-            raise NotPublishedError(f"{uri}: no dataset_info.json (a version) nor latest.json (a dataset)") from None
-        version = join(uri, str(latest["version"]))
-    if not storage.exists(join(version, SUCCESS)):
-        raise NotPublishedError(f"{version} has no _SUCCESS: it is not published (still being built, or failed)")
-    return version
+    return _resolve(storage or Storage(), uri)
 
 
 def _manifest(uri: str, storage: Storage) -> tuple[str, dict[str, Any]]:
-    version = resolve(uri, storage)
-    return version, read_json(storage, join(version, MANIFEST))
+    version = _resolve(storage, uri)
+    return version, read_manifest(storage, version)
 
 
 def info(uri: str, storage: Storage | None = None) -> dict[str, Any]:
-    """The manifest (``dataset_info.json``) of the published version ``uri`` resolves to."""
+    """The manifest of the published version ``uri`` resolves to."""
     return _manifest(uri, storage or Storage())[1]
 
 
 def label_names(uri: str, storage: Storage | None = None) -> list[str]:
     """Class names, indexed by label id."""
     return list(info(uri, storage)["classes"])
+
+
+def labels(uri: str, storage: Storage | None = None) -> pd.DataFrame:
+    """The version's ``labels.csv`` (one row per record) as a pandas DataFrame; text columns stay text."""
+    import pandas as pd
+
+    storage = storage or Storage()
+    frame = pd.read_csv(io.BytesIO(storage.read_bytes(join(_resolve(storage, uri), LABELS))), dtype=str,
+                        keep_default_na=False)
+    ints = [c for c in _INT_COLUMNS if c in frame.columns]
+    return frame.astype(dict.fromkeys(ints, "int64"))
 
 
 def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature]:
@@ -100,11 +99,11 @@ def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature]:
     return spec
 
 
-def _split_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
+def _split(manifest: dict[str, Any], split: str) -> dict[str, Any]:
     splits = manifest["splits"]
     if split not in splits:
         raise ValueError(f"unknown split {split!r}; available splits: {', '.join(sorted(splits))}")
-    return list(splits[split]["shards"])
+    return splits[split]
 
 
 # -- shard files ------------------------------------------------------------------------------
@@ -131,14 +130,10 @@ def _cache_path(cache_dir: str, uri: str) -> str:
     return os.path.join(cache_dir, *[p if p not in ("", ".", "..") else f"%{len(p)}" for p in parts])
 
 
-def _stamp(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns
-
-
 def _has_sha256(path: str, expected: str) -> bool:
     """Whether ``path`` hashes to ``expected``; a file hashed before and unchanged since is not re-read."""
-    stamp = _stamp(path)
+    st = os.stat(path)
+    stamp = (st.st_size, st.st_mtime_ns)
     with _lock:
         known = _verified.get(path)
     if known and known[:2] == stamp:
@@ -187,12 +182,6 @@ def _fetch(storage: Storage, shard: _Shard, verify: bool) -> str:
     return shard.path
 
 
-def _local_path(shard: _Shard, verify: bool) -> str:
-    if verify:
-        _check(shard, shard.path)
-    return shard.path
-
-
 def _shards(version: str, entries: list[dict[str, Any]], cache_dir: str | None) -> list[_Shard]:
     out = []
     for entry in entries:
@@ -203,23 +192,88 @@ def _shards(version: str, entries: list[dict[str, Any]], cache_dir: str | None) 
 
 
 # -- the dataset ------------------------------------------------------------------------------
-def load_split(uri: str, split: str, *, shuffle_files: bool = False, seed: int | None = None,
-               cycle_length: int | None = None, cache_dir: str | None = None, decode: bool = True,
-               verify: bool = True, storage: Storage | None = None) -> tf.data.Dataset:
-    """``(image, label)`` pairs of one split: image ``uint8 [height, width, channels]`` (or the encoded
-    bytes with ``decode=False``), label an ``int64`` scalar.
+def _options(image_size: tuple[int, int] | None, channels: int | None, batch_size: int | None,
+             shuffle: bool | int, decode: bool) -> int | None:
+    """Check the image and batching options; returns the channel count images are converted to."""
+    if image_size is not None and (len(image_size) != 2 or not all(isinstance(s, int) and s > 0 for s in image_size)):
+        raise ValueError(f"image_size must be (height, width), two positive ints, not {image_size!r}")
+    if channels not in (None, 1, 3, 4):
+        raise ValueError(f"channels must be 1 (grey), 3 (RGB) or 4 (RGBA), not {channels!r}")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+    if not isinstance(shuffle, int) or shuffle < 0:  # True and False are ints
+        raise ValueError(f"shuffle must be True, False or a buffer size (an int >= 0), not {shuffle!r}")
+    if not decode:
+        if image_size is not None or channels is not None:
+            raise ValueError("image_size and channels need decode=True: encoded bytes cannot be resized or converted")
+        return None
+    if batch_size is not None and image_size is None:
+        raise ValueError("batch_size needs image_size: the images of a split have different sizes and a batch is "
+                         "one tensor of one shape; pass image_size=(height, width) to resize them all, or batch "
+                         "yourself (padded_batch, ragged_batch)")
+    return 3 if channels is None and image_size is not None else channels
 
-    Shards are read in parallel (``cycle_length`` at a time, default: TensorFlow's choice), in
-    manifest order unless ``shuffle_files`` (seeded by ``seed``). S3 shards are cached in
-    ``cache_dir`` (default: a temporary folder of this process). With ``verify`` every shard is
-    checked once against the manifest's SHA-256; a mismatch fails iteration with an error naming it.
-    S3 credentials come from boto3's standard environment unless ``storage`` is given.
+
+def _shuffle_buffer(shuffle: bool | int, entry: dict[str, Any], count: int) -> int:
+    """``shuffle=True``: the whole split if its shards fit in SHUFFLE_MEMORY, else as many records as do
+    (at least MIN_SHUFFLE)."""
+    if shuffle is not True:
+        return int(shuffle)
+    size = sum(shard.get("num_bytes") or 0 for shard in entry["shards"])
+    fit = count if size <= SHUFFLE_MEMORY else count * SHUFFLE_MEMORY // size
+    return max(1, min(count, max(fit, MIN_SHUFFLE)))
+
+
+def _decoder(channels: int | None, image_size: tuple[int, int] | None) -> Any:
+    """``encoded -> uint8 [height, width, channels]``, converted to ``channels`` and resized to ``image_size``."""
+    import tensorflow as tf
+
+    def decode(encoded: tf.Tensor, c: int) -> tf.Tensor:
+        return tf.io.decode_image(encoded, channels=c, dtype=tf.uint8, expand_animations=False)
+
+    def image(encoded: tf.Tensor) -> tf.Tensor:
+        if channels == 4:  # JPEG has no alpha: decode RGB, add an opaque one
+            out = tf.cond(tf.io.is_jpeg(encoded),
+                          lambda: tf.pad(decode(encoded, 3), [[0, 0], [0, 0], [0, 1]], constant_values=255),
+                          lambda: decode(encoded, 4))
+        else:
+            out = decode(encoded, channels or 0)
+        if image_size is not None:
+            out = tf.saturate_cast(tf.round(tf.image.resize(out, image_size)), tf.uint8)
+        return out
+
+    return image
+
+
+def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = None, channels: int | None = None,
+               batch_size: int | None = None, shuffle: bool | int = False, seed: int | None = None,
+               drop_remainder: bool = False, as_dict: bool = False, decode: bool = True,
+               shuffle_files: bool = False, cycle_length: int | None = None, num_parallel_calls: int = AUTOTUNE,
+               cache_dir: str | None = None, verify: bool = True, storage: Storage | None = None) -> tf.data.Dataset:
+    """One split of a published dataset: ``(image, label)`` pairs, or dicts of every feature with ``as_dict``.
+
+    ``image`` is always ``uint8 [height, width, channels]``: channels as stored (1, 2, 3 or 4) unless
+    ``channels`` (1, 3 or 4) converts every image; ``image_size=(h, w)`` resizes (bilinear, rounded
+    back to uint8) and defaults ``channels`` to 3. ``decode=False`` gives the encoded bytes instead.
+    ``label`` is an ``int64`` class id (``label_names(uri)[label]``). ``as_dict`` gives every feature
+    in the manifest, the decoded image under ``"image"`` in place of ``"image/encoded"``.
+
+    The dataset knows its cardinality (the manifest's record count; after ``batch_size``, the batch
+    count, rounded down with ``drop_remainder``). ``shuffle`` shuffles shard order and records
+    (``True``: a buffer of the whole split, up to 256 MiB of encoded records and at least 1,000;
+    an int: that buffer size), reshuffled every epoch, repeatable with ``seed``.
+    ``batch_size`` needs ``image_size``. Shards are read ``cycle_length`` at a time; S3 shards are
+    cached in ``cache_dir`` (default: a temporary folder of this process) and, with ``verify``,
+    checked against the manifest's SHA-256 (a mismatch fails iteration naming the shard).
     """
     import tensorflow as tf
 
+    channels = _options(image_size, channels, batch_size, shuffle, decode)
     storage = storage or Storage()
     version, manifest = _manifest(uri, storage)
-    shards = _shards(version, _split_shards(manifest, split), cache_dir)
+    entry = _split(manifest, split)
+    shards = _shards(version, list(entry["shards"]), cache_dir)
+    count = int(entry.get("num_records", sum(s["num_records"] for s in entry["shards"])))
     compression = _COMPRESSION.get(manifest.get("compression", "none"))
     if compression is None:
         raise ValueError(f"{version}: unknown compression {manifest['compression']!r}")
@@ -227,7 +281,8 @@ def load_split(uri: str, split: str, *, shuffle_files: bool = False, seed: int |
     missing = {IMAGE_KEY, LABEL_KEY} - spec.keys()
     if missing:
         raise ValueError(f"{version}: the manifest lists no {', '.join(sorted(missing))} feature")
-    spec = {IMAGE_KEY: spec[IMAGE_KEY], LABEL_KEY: spec[LABEL_KEY]}
+    if not as_dict:
+        spec = {IMAGE_KEY: spec[IMAGE_KEY], LABEL_KEY: spec[LABEL_KEY]}
     by_uri = {shard.uri: shard for shard in shards}
     remote = any(is_s3(shard.uri) for shard in shards)
     if remote:
@@ -235,8 +290,11 @@ def load_split(uri: str, split: str, *, shuffle_files: bool = False, seed: int |
 
     def local_file(shard_uri: bytes) -> bytes:
         shard = by_uri[shard_uri.decode()]
-        path = _fetch(storage, shard, verify) if is_s3(shard.uri) else _local_path(shard, verify)
-        return path.encode()
+        if is_s3(shard.uri):
+            return _fetch(storage, shard, verify).encode()
+        if verify:
+            _check(shard, shard.path)
+        return shard.path.encode()
 
     def open_shard(shard_uri: tf.Tensor) -> tf.data.Dataset:
         path = shard_uri
@@ -245,16 +303,26 @@ def load_split(uri: str, split: str, *, shuffle_files: bool = False, seed: int |
             path = tf.ensure_shape(path, [])
         return tf.data.TFRecordDataset(path, compression_type=compression)
 
-    def parse(raw: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        example = tf.io.parse_single_example(raw, spec)
-        image = example[IMAGE_KEY]
-        if decode:
-            image = tf.io.decode_image(image, dtype=tf.uint8, expand_animations=False)
-        return image, example[LABEL_KEY]
+    image = _decoder(channels, image_size) if decode else tf.identity
 
+    def parse(raw: tf.Tensor) -> Any:
+        example = tf.io.parse_single_example(raw, spec)
+        if not as_dict:
+            return image(example[IMAGE_KEY]), example[LABEL_KEY]
+        if decode:
+            example[DECODED_KEY] = image(example.pop(IMAGE_KEY))
+        return example
+
+    shuffle_files = shuffle_files or bool(shuffle)
     files = tf.data.Dataset.from_tensor_slices(tf.constant([shard.uri for shard in shards], dtype=tf.string))
     if shuffle_files:
         files = files.shuffle(len(shards), seed=seed)
-    records = files.interleave(open_shard, cycle_length=cycle_length, num_parallel_calls=tf.data.AUTOTUNE,
-                               deterministic=not shuffle_files)
-    return records.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = files.interleave(open_shard, cycle_length=cycle_length, num_parallel_calls=num_parallel_calls,
+                          deterministic=not shuffle_files or seed is not None)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+    if shuffle:
+        ds = ds.shuffle(_shuffle_buffer(shuffle, entry, count), seed=seed)  # encoded records: small
+    ds = ds.map(parse, num_parallel_calls=num_parallel_calls)
+    if batch_size is not None:
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    return ds.prefetch(tf.data.AUTOTUNE)

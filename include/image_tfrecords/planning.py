@@ -9,11 +9,15 @@ are balanced in count and never empty. Shards are grouped into at most ``max_tas
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from .layout import shard_file
 from .splitting import unit_hash
-from .tfrecord import suffix
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MB = 1_000_000
 
@@ -28,7 +32,7 @@ class ShardSpec:
     @property
     def file(self) -> str:
         """``{split}-{index:05d}-of-{count:05d}.tfrecord[.gz]``."""
-        return f"{self.split}-{self.index:05d}-of-{self.count:05d}{suffix(self.compression)}"
+        return shard_file(self.split, self.index, self.count, self.compression)
 
 
 def shard_count(total_bytes: int, num_records: int, shard_size_mb: float) -> int:
@@ -43,9 +47,19 @@ def order_key(salt: str, sha256: str) -> float:
     return unit_hash("order", salt, sha256)
 
 
-def deal(keys: Iterable[tuple[float, int]], num_shards: int) -> dict[int, int]:
-    """Map row number -> shard index by dealing rows, sorted by key, round-robin."""
-    return {row: rank % num_shards for rank, (_, row) in enumerate(sorted(keys))}
+def deal(keys: Sequence[float], num_shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deal one split's records to its shards: ``(ranks, shards)``, one entry per record.
+
+    ``keys[i]`` is record ``i``'s order key (records in labels.csv order). A record's rank is its
+    position in the split sorted by (key, i); rank ``r`` goes to shard ``r % num_shards`` (round
+    robin), and within a shard records are written in rank order. 16 bytes per record.
+    """
+    import numpy as np
+
+    order = np.argsort(np.asarray(keys, dtype=np.float64), kind="stable")
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[order] = np.arange(len(order), dtype=np.int64)
+    return ranks, ranks % max(1, num_shards)
 
 
 def group_tasks(shard_files: list[str], max_tasks: int) -> list[list[str]]:

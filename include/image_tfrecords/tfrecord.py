@@ -37,13 +37,12 @@ def frame(data: bytes) -> bytes:
     return b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
 
 
-def suffix(compression: str) -> str:
-    """File name ending for a compression: ``.tfrecord`` or ``.tfrecord.gz``."""
-    return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
-
-
 class TFRecordWriter:
-    """Write records to a binary file object, optionally GZIP-compressed (deterministically)."""
+    """Write records to a binary file object, optionally GZIP-compressed (deterministically).
+
+    ``offsets`` lists each record's ``(start, length)`` in the uncompressed stream: the index
+    PyTorch's ``tfrecord`` package reads (``.tfindex``), known for free while writing.
+    """
 
     def __init__(self, raw: BinaryIO, compression: str = "none") -> None:
         if compression not in COMPRESSIONS:
@@ -55,10 +54,19 @@ class TFRecordWriter:
         )
         self._out: BinaryIO = self._gzip or raw  # type: ignore[assignment]
         self.num_records = 0
+        self.offsets: list[tuple[int, int]] = []
+        self._position = 0
 
     def write(self, data: bytes) -> None:
-        self._out.write(frame(data))
+        framed = frame(data)
+        self._out.write(framed)
+        self.offsets.append((self._position, len(framed)))
+        self._position += len(framed)
         self.num_records += 1
+
+    def index(self) -> bytes:
+        """The ``.tfindex`` text: one ``start length`` line per record (``tfrecord.tools.tfrecord2idx``'s format)."""
+        return "".join(f"{start} {length}\n" for start, length in self.offsets).encode()
 
     def close(self) -> None:
         if self._gzip is not None:

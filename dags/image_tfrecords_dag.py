@@ -12,13 +12,17 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 3. **split** resolves duplicates and assigns each image to a split from a salted hash of its
    content, then writes `labels.csv` and `rejects.csv`;
 4. **plan** decides the shards of each split (from `shard_size_mb`) and their members;
-5. **write_shards** writes the shards, one mapped task each (named after its shard);
-6. **validate** re-reads every shard (CRCs, schema, counts, checksums, no image in two splits);
+5. **write_shards** writes the shards (and their `.tfindex` offsets), one mapped task each (named
+   after its shard), and re-reads each from the store to check it (CRCs, schema, each record
+   against its planned row, checksums);
+6. **validate** adds those checks up (counts per split, the records are the ones `labels.csv`
+   lists, no image in two splits) and stages `manifest.json`;
 7. **card** renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
    `card/`): records per split and class, sample thumbnails, rejects, shard sizes, changes since
    the previous version, params;
-8. **publish** copies the build to `DEST/DATASET/VERSION/`, then writes `_SUCCESS`, then
-   moves `latest.json` forward;
+8. **publish** copies the build to `DEST/DATASET/VERSION/` (with TFDS's `dataset_info.json` and
+   `features.json`, so `tfds.builder_from_directory` reads it), then writes `_SUCCESS`, then moves
+   `latest.json` forward;
 9. **clean_stale_staging** (a teardown: it runs whether the run succeeded or failed, and does not
    decide the run's state) removes the staging of *other* versions that never published and were
    untouched for `IMAGE_TFRECORDS_STAGING_GRACE_HOURS` (default 24), unless a build holds their lock.
@@ -39,18 +43,21 @@ import errno
 import logging
 import os
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, task, teardown
 
+from image_tfrecords import config, layout  # names and defaults only (standard library; no pipeline code)
+
 log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
 DEFAULT_SOURCE = os.environ.get("IMAGE_TFRECORDS_SOURCE", "/opt/airflow/data/sample")
-DEFAULT_DESTINATION = os.environ.get("IMAGE_TFRECORDS_DESTINATION", "s3://datasets/image-tfrecords")
-DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", "images")
+DEFAULT_DESTINATION = os.environ.get("IMAGE_TFRECORDS_DESTINATION", config.DEFAULT_DESTINATION)
+DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", config.DEFAULT_DATASET)
 # Updated by every publish. Named only, so it does not change with the environment's defaults (an
 # Asset whose URI changed under the same name would be deactivated); each event's extra says what
 # was published: URI, version and counts.
@@ -68,10 +75,10 @@ PARAMS = {
     "destination": Param(DEFAULT_DESTINATION, type="string", minLength=1, section="Output", title="Destination",
                          description="Local folder or s3://bucket/prefix; the dataset is published "
                                      "under DESTINATION/DATASET/VERSION/."),
-    "dataset": Param(DEFAULT_DATASET, type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    "dataset": Param(DEFAULT_DATASET, type="string", pattern=f"^{layout.NAME.pattern}$",
                      section="Output", title="Dataset name",
                      description="Folder name of the dataset under the destination."),
-    "splits": Param({"train": 0.8, "validation": 0.1, "test": 0.1}, type="object", section="Splits", title="Splits",
+    "splits": Param(dict(config.DEFAULT_SPLITS), type="object", section="Splits", title="Splits",
                     description="Split name -> fraction of images; fractions must sum to 1. "
                                 "Changing them reassigns images."),
     "salt": Param("", type="string", section="Splits", title="Split salt",
@@ -106,7 +113,7 @@ def run_version(context: Any) -> str:
         return override
     logical_date = context.get("logical_date")
     if logical_date is not None:
-        return logical_date.in_timezone("UTC").strftime("%Y%m%dT%H%M%SZ")
+        return layout.version_name(logical_date)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", context["run_id"]).strip("-.") or "run"
 
 
@@ -154,18 +161,21 @@ def _s3_client() -> Any:
     return client
 
 
-def _run(stage: str, **kwargs: Any) -> Any:
-    """Call ``stages.<stage>_stage`` (or ``stages.<stage>``) with this run's config and storage.
+def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
+    """Call a stage function (``image_tfrecords.stages``) with this run's config and storage.
 
-    Errors retrying cannot fix (bad params, bad input, missing bucket, wrong credentials) fail the
-    task at once instead of burning retries.
+    Every task but discard and clean holds the version's lock. Errors retrying cannot fix (bad
+    params, bad input, missing bucket, wrong credentials) fail the task at once instead of burning
+    retries; retryable ones (an unreachable store, a contended ``latest.json``) are retried.
     """
     from airflow.sdk.exceptions import AirflowFailException
 
     from image_tfrecords import locking, stages
-    from image_tfrecords.config import BuildConfig, ConfigError
+    from image_tfrecords.cleanup import clean_staging
+    from image_tfrecords.config import BuildConfig
+    from image_tfrecords.errors import ImageTfrecordsError, LockHeld
     from image_tfrecords.preflight import check_locations, os_error_line
-    from image_tfrecords.storage import Storage, StorageError
+    from image_tfrecords.storage import Storage
 
     context = get_current_context()
     params = context["params"]
@@ -177,25 +187,24 @@ def _run(stage: str, **kwargs: Any) -> Any:
                           max_file_mb=params.get("max_file_mb", 256),
                           max_pixels=params.get("max_pixels", 89_478_485))
         storage = Storage(_s3_client)
-        if stage == "discover":
+        if stage is stages.discover_stage:
             check_locations(cfg)
-        if stage not in ("discard", "clean_stale"):  # the lock dies with the staging prefix
-            owner = f"airflow:{context['dag'].dag_id}:{context['run_id']}"
-            locking.hold(storage, cfg.staging_uri, owner, locking.DAG_LEASE_SECONDS)
-        if stage == "clean_stale":
-            from image_tfrecords.cleanup import clean_staging
-
+        if stage is clean_staging:
             report = clean_staging(storage, cfg.dataset_uri, STAGING_GRACE_HOURS * 3600)
             for entry in report:
                 log.info("staging %s (%d files, %.1f MB, %.1f h old): %s", entry["uri"], entry["files"],
                          entry["bytes"] / 1e6, entry["age_hours"], entry["action"])
             return {"removed": [e["version"] for e in report if e["action"] == "remove"],
                     "kept": len([e for e in report if e["action"] != "remove"])}
-        function = getattr(stages, f"{stage}_stage", None) or getattr(stages, stage)
-        return function(cfg, storage, **kwargs)
-    except locking.LockHeld as exc:
+        if stage is not stages.discard_stage:  # the lock dies with the staging prefix
+            owner = f"airflow:{context['dag'].dag_id}:{context['run_id']}"
+            locking.hold(storage, cfg.staging_uri, owner, locking.DAG_LEASE_SECONDS)
+        return stage(cfg, storage, **kwargs)
+    except LockHeld as exc:
         raise AirflowFailException(f"version {run_version(context)} is being built by another run: {exc}") from exc
-    except (ConfigError, stages.BuildError, StorageError) as exc:
+    except ImageTfrecordsError as exc:
+        if exc.retryable:
+            raise
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
     except OSError as exc:  # a read-only or full destination, a full TMPDIR: one line; retried if it may pass
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR):
@@ -227,7 +236,9 @@ def image_tfrecords() -> None:
     @task
     def discover() -> dict[str, Any]:
         """List the source into the staging area."""
-        return _run("discover")
+        from image_tfrecords import stages
+
+        return _run(stages.discover_stage)
 
     @task.short_circuit
     def source_changed(found: dict[str, Any]) -> bool:
@@ -235,29 +246,39 @@ def image_tfrecords() -> None:
         if found["unchanged_since"] and not get_current_context()["params"]["force"]:
             log.info("source listing and params unchanged since version %s: nothing new to build",
                      found["unchanged_since"])
-            _run("discard")
+            from image_tfrecords import stages
+
+            _run(stages.discard_stage)
             return False
         return True
 
     @task
     def inspect_images() -> dict[str, Any]:
         """Hash and fully decode every candidate image."""
-        return _run("inspect")
+        from image_tfrecords import stages
+
+        return _run(stages.inspect_stage)
 
     @task
     def split(inspected: dict[str, Any]) -> dict[str, Any]:
         """Resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
-        return _run("split")
+        from image_tfrecords import stages
+
+        return _run(stages.split_stage)
 
     @task
     def plan(labels: dict[str, Any]) -> list[int]:
         """Plan the shards; returns one index per write task (small: at most max_map_length)."""
-        return list(range(_run("plan")["num_tasks"]))
+        from image_tfrecords import stages
+
+        return list(range(_run(stages.plan_stage)["num_tasks"]))
 
     @task(map_index_template="{{ shard_label }}", max_active_tis_per_dagrun=8, pool=POOL)
     def write_shards(task_index: int) -> dict[str, Any]:
-        """Write this task's shard(s) of the plan to staging."""
-        receipts = _run("write_task", task_index=task_index)
+        """Write this task's shard(s) of the plan to staging, then re-read and check each."""
+        from image_tfrecords import stages
+
+        receipts = _run(stages.write_task, task_index=task_index)
         files = [r["file"] for r in receipts]
         get_current_context()["shard_label"] = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}"
         return {"shards": len(files), "num_records": sum(r["num_records"] for r in receipts),
@@ -265,18 +286,24 @@ def image_tfrecords() -> None:
 
     @task
     def validate(written: Any) -> dict[str, Any]:
-        """Re-read every staged shard and stage dataset_info.json."""
-        return _run("validate")
+        """Add up the write tasks' shard checks (re-reading any shard not checked) and stage manifest.json."""
+        from image_tfrecords import stages
+
+        return _run(stages.validate_stage)
 
     @task
     def card(validated: dict[str, Any]) -> dict[str, Any]:
         """Render the dataset card (card.md, card.html, charts, sample thumbnails) into staging."""
-        return _run("card")
+        from image_tfrecords import stages
+
+        return _run(stages.card_stage)
 
     @task(execution_timeout=timedelta(hours=1), outlets=[PUBLISHED_DATASET])
     def publish(carded: dict[str, Any]) -> dict[str, Any]:
         """Publish atomically: files, then _SUCCESS, then latest.json; then announce it as an Asset event."""
-        result = _run("publish")
+        from image_tfrecords import stages
+
+        result = _run(stages.publish_stage)
         get_current_context()["outlet_events"][PUBLISHED_DATASET].extra = {
             key: result[key] for key in ("uri", "version", "num_records", "num_rejected", "splits", "latest")}
         return result
@@ -284,7 +311,9 @@ def image_tfrecords() -> None:
     @teardown
     def clean_stale_staging() -> dict[str, Any]:
         """Remove the staging of other versions that never published (older than the grace period)."""
-        return _run("clean_stale")
+        from image_tfrecords.cleanup import clean_staging
+
+        return _run(clean_staging)
 
     found = discover()
     inspected = inspect_images()

@@ -1,4 +1,4 @@
-"""Stream CSV files to and from storage without holding them in memory."""
+"""CSV tables and JSON documents in a store, streamed: never held whole in memory."""
 
 from __future__ import annotations
 

@@ -1,0 +1,179 @@
+"""The dataset card's output: a small document model rendered to Markdown and self-contained HTML,
+and sample thumbnails (Pillow); the charts are in ``card_plot``.
+
+Every function's output depends only on its arguments: PNGs have fixed sizes and no metadata. Every
+string from the data is escaped for the format it lands in.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+THUMB, GAP, BACKGROUND = 96, 4, (240, 240, 240)
+
+
+# -- document model, rendered to Markdown and HTML ---------------------------------------------------
+@dataclass(frozen=True)
+class Img:
+    path: str  # relative to the card, under card/
+    alt: str
+
+
+Cell = str | int | Img | None
+
+
+@dataclass(frozen=True)
+class Table:
+    header: tuple[str, ...]
+    rows: list[tuple[Cell, ...]]
+
+
+@dataclass(frozen=True)
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass(frozen=True)
+class Para:
+    text: str
+
+
+Block = Heading | Para | Table | Img
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+# Backslash-escape what could start markup inside a line: emphasis, code, links, HTML, table pipes,
+# entities, strikethrough, math, mentions, emoji and GFM autolinks (``http:``, ``www.``). Underscores
+# between two letters or digits cannot start emphasis and stay as they are.
+_MD_SPECIAL = re.compile(r"[\\`*{}\[\]<>|&~$@]|:(?=\S)|(?<=[wW]{3})\.|(?<![^\W_])_|_(?![^\W_])")
+_NUMBER = re.compile(r"[+-]?[\d,]*\.?\d+")
+
+
+def md_escape(text: str) -> str:
+    """Inline Markdown text that renders literally (CommonMark/GFM backslash escapes, one line)."""
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _CONTROL.sub(" ", text))
+
+
+def html_escape(text: str) -> str:
+    """HTML text; ``://`` becomes ``&#58;//`` so that no URL from the data appears verbatim in the page."""
+    return html.escape(_CONTROL.sub(" ", text), quote=True).replace("://", "&#58;//")
+
+
+def _fmt(value: Cell) -> str:
+    return f"{value:,}" if isinstance(value, int) else "" if value is None else str(value)
+
+
+def _is_number(value: Cell) -> bool:
+    return isinstance(value, int) or (isinstance(value, str) and _NUMBER.fullmatch(value) is not None)
+
+
+def _numeric(table: Table) -> list[bool]:
+    """Which columns hold only numbers (blank cells aside): those are right-aligned."""
+    return [any(r[i] not in (None, "") for r in table.rows)
+            and all(_is_number(r[i]) for r in table.rows if r[i] not in (None, ""))
+            for i in range(len(table.header))]
+
+
+def render_md(blocks: list[Block]) -> str:
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            out.append("#" * block.level + " " + md_escape(block.text))
+        elif isinstance(block, Para):
+            out.append(md_escape(block.text))
+        elif isinstance(block, Img):
+            out.append(f"![{md_escape(block.alt)}]({block.path})")
+        else:
+            def cell(value: Cell) -> str:
+                return f"![{md_escape(value.alt)}]({value.path})" if isinstance(value, Img) else md_escape(
+                    _fmt(value))
+            out.append("| " + " | ".join(md_escape(h) for h in block.header) + " |")
+            out.append("|" + "|".join("---:" if n else "---" for n in _numeric(block)) + "|")
+            out.extend("| " + " | ".join(cell(v) for v in row) + " |" for row in block.rows)
+        out.append("")
+    return "\n".join(out)
+
+
+_STYLE = """body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;margin:0}
+main{max-width:1100px;margin:0 auto;padding:1em 1.5em}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;
+padding-bottom:.2em;margin-top:1.6em}table{border-collapse:collapse;margin:.6em 0}th,td{border:1px solid #ddd;
+padding:.25em .6em;text-align:left;vertical-align:middle}th{background:#f5f5f5}td.n{text-align:right;
+font-variant-numeric:tabular-nums}img{max-width:100%;height:auto}td img{display:block}p{margin:.5em 0}"""
+_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+def render_html(blocks: list[Block], title: str, pngs: dict[str, bytes]) -> str:
+    def img(value: Img) -> str:
+        png = pngs[value.path]
+        width, height = png_size(png)
+        return (f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{html_escape(value.alt)}" '
+                f'width="{width}" height="{height}">')
+
+    body: list[str] = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            body.append(f"<h{block.level}>{html_escape(block.text)}</h{block.level}>")
+        elif isinstance(block, Para):
+            body.append(f"<p>{html_escape(block.text)}</p>")
+        elif isinstance(block, Img):
+            body.append(f"<p>{img(block)}</p>")
+        else:
+            numeric = _numeric(block)
+            body.append("<table><thead><tr>" + "".join(f"<th>{html_escape(h)}</th>" for h in block.header)
+                        + "</tr></thead><tbody>")
+            for row in block.rows:
+                body.append("<tr>" + "".join(
+                    f'<td class="n">{html_escape(_fmt(v))}</td>' if numeric[i] else
+                    f"<td>{img(v) if isinstance(v, Img) else html_escape(_fmt(v))}</td>"
+                    for i, v in enumerate(row)) + "</tr>")
+            body.append("</tbody></table>")
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{html_escape(title)}</title>\n<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<main>\n"
+            + "\n".join(body) + "\n</main>\n</body>\n</html>\n")
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    width, height = struct.unpack(">II", png[16:24])
+    return width, height
+
+
+def thumbnail(data: bytes, size: int = THUMB) -> Any:
+    """A Pillow RGB image of at most ``size`` x ``size``, or None if ``data`` does not decode."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", (size, size))  # JPEG: decode at a reduced scale
+            if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+                rgba = image.convert("RGBA")
+                flat = Image.new("RGB", rgba.size, BACKGROUND)
+                flat.paste(rgba, mask=rgba.getchannel("A"))
+            else:
+                flat = image.convert("RGB")
+            flat.thumbnail((size, size), Image.Resampling.LANCZOS)
+            return flat
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return None
+
+
+def thumbnail_strip(thumbs: Sequence[Any], size: int = THUMB, gap: int = GAP) -> bytes:
+    """One row of thumbnails, each centred in a ``size`` square, as PNG bytes."""
+    from PIL import Image
+
+    strip = Image.new("RGB", (gap + len(thumbs) * (size + gap), size + 2 * gap), (255, 255, 255))
+    for i, thumb in enumerate(thumbs):
+        x = gap + i * (size + gap) + (size - thumb.width) // 2
+        strip.paste(thumb, (x, gap + (size - thumb.height) // 2))
+    buf = io.BytesIO()
+    strip.save(buf, "PNG", compress_level=6)
+    return buf.getvalue()

@@ -1,0 +1,324 @@
+"""Command line: the same pipeline as the DAG, without Airflow.
+
+    image-tfrecords build --source SRC --destination DEST --dataset NAME ...
+    image-tfrecords clean --destination DEST --dataset NAME [--older-than-hours H]
+    image-tfrecords sample OUT [--per-class N]
+
+S3 credentials and endpoint come from boto3's standard environment (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). User errors print one line and exit non-zero.
+
+SIGTERM and SIGINT (Ctrl-C) stop the build: worker processes are stopped (they also die with
+the parent if it is killed outright), temporary files are removed, and one line says what was left
+in staging and how to resume or clean it; the exit status is 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from . import layout, stages
+from .cleanup import clean_staging
+from .config import DEFAULT_MAX_FILE_MB, DEFAULT_SPLITS, BuildConfig, ConfigError, check_location, parse_splits
+from .errors import BuildError, ImageTfrecordsError, LockHeld
+from .locking import LeaseKeeper
+from .preflight import check_locations, check_temp_dir, os_error_line
+from .probe import MAX_PIXELS
+from .storage import Storage, is_s3, join
+
+PROG = "image-tfrecords"
+# OSErrors about where the build reads or writes (not bugs): one line, no traceback.
+USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                         errno.EISDIR, errno.ENAMETOOLONG, errno.ENOENT, errno.EEXIST, errno.EIO})
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived: unwinds the build like KeyboardInterrupt, for any of the two."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal must not interrupt the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def default_version(now: datetime | None = None) -> str:
+    """A sortable version name from the current UTC time, e.g. ``20261122T031500Z``."""
+    return layout.version_name(now or datetime.now(UTC))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG,
+                                     description="Turn folders of labelled images into TFRecord datasets.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="build, validate and publish a dataset version")
+    build.add_argument("--source", required=True, help="local folder or s3://bucket/prefix of images")
+    build.add_argument("--destination", required=True, help="local folder or s3://bucket/prefix")
+    build.add_argument("--dataset", required=True, help="dataset name (a folder under the destination)")
+    build.add_argument("--version", help="version name (default: current UTC time, YYYYMMDDTHHMMSSZ)")
+    build.add_argument("--splits", default=",".join(f"{k}={v}" for k, v in DEFAULT_SPLITS.items()),
+                       help="split fractions, summing to 1 (default: %(default)s)")
+    build.add_argument("--salt", default="", help="string that seeds the split assignment (default: empty)")
+    build.add_argument("--shard-size-mb", type=float, default=100.0, help="target shard size in MB (default: 100)")
+    build.add_argument("--compression", choices=("none", "gzip"), default="none")
+    build.add_argument("--max-reject-fraction", type=float, default=0.2,
+                       help="fail, publishing nothing, if more than this share of files is rejected (default 0.2)")
+    build.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                       help="processes writing and validating shards (default: CPU count)")
+    build.add_argument("--as-of", help="only files modified at or before this ISO 8601 time (default: all)")
+    build.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB,
+                       help="reject larger files (too_large) without reading them (default: %(default)g)")
+    build.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
+                       help="reject images with more pixels (too_many_pixels) before decoding (default: %(default)d)")
+    build.add_argument("--force", action="store_true",
+                       help="build even when the source and params are unchanged since the previous version")
+    build.add_argument("--no-progress", action="store_true", help="no progress bars")
+    clean = commands.add_parser("clean", help="remove the staging files of builds that never published")
+    clean.add_argument("--destination", required=True, help="local folder or s3://bucket/prefix")
+    clean.add_argument("--dataset", required=True, help="dataset name (a folder under the destination)")
+    clean.add_argument("--older-than-hours", type=float, default=24.0,
+                       help="only staging untouched for this long (default: %(default)g; 0: all not in use)")
+    clean.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    sample = commands.add_parser("sample", help="write a small demo image folder")
+    sample.add_argument("out")
+    sample.add_argument("--per-class", type=int, default=20)
+    sample.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+@contextlib.contextmanager
+def _bars(enabled: bool) -> Iterator[stages.ProgressFactory]:
+    """Progress bars on stderr, one per stage (or none)."""
+
+    @contextlib.contextmanager
+    def bar(stage: str, total: int) -> Iterator[stages.Progress]:
+        from tqdm import tqdm
+
+        with tqdm(total=total, desc=stage, unit="img", file=sys.stderr, leave=False, disable=not enabled) as t:
+            yield t.update
+
+    yield bar
+
+
+def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: Storage | None = None,
+          force: bool = False) -> dict[str, Any]:
+    """Run ``stages.run_pipeline``; per-image work goes to ``workers`` processes.
+
+    Holds the version's lock throughout (see ``locking``); temporary files live in one private
+    folder, removed at the end whatever happens.
+    """
+    storage = storage or Storage()
+    workers = max(1, workers)
+    check_locations(cfg)
+    check_temp_dir()
+    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, _process_pool(workers) as pool, \
+            _bars(progress) as bars:
+
+        def still_locked() -> None:
+            if lease.lost:
+                raise BuildError(f"lost the lock of version {cfg.version} ({lease.lost}); nothing was published")
+
+        return stages.run_pipeline(cfg, storage, pool=pool, workers=workers, progress=bars, force=force,
+                                   before_publish=still_locked)
+
+
+@contextlib.contextmanager
+def _private_temp_dir() -> Iterator[str]:
+    """Point ``tempfile`` (and forked workers) at a folder of this build's own, removed at the end."""
+    path = tempfile.mkdtemp(prefix="image-tfrecords-")
+    previous = tempfile.tempdir
+    tempfile.tempdir = path
+    try:
+        yield path
+    finally:
+        tempfile.tempdir = previous
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _worker_init(parent: int) -> None:
+    """In each worker: die with the parent (even on SIGKILL), leave Ctrl-C to the parent, die on SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(Exception):  # Linux only
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def _process_pool(workers: int) -> Iterator[Any]:
+    """A process pool (or inline execution for one worker) whose processes never outlive the build."""
+    if workers <= 1:
+        yield None
+        return
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: Storage) -> str:
+    if result.get("unchanged_since"):
+        return (f"{cfg.dataset}: source and params unchanged since version {result['unchanged_since']}; nothing "
+                f"built (--force builds anyway)")
+    manifest = layout.read_manifest(storage, result["uri"])
+    megabytes = sum(s["num_bytes"] for split in manifest["splits"].values() for s in split["shards"]) / 1e6
+    lines = [f"published {cfg.dataset} version {cfg.version} to {result['uri']}"
+             + (" (already published: nothing changed)" if result["already_published"] else "")]
+    for name in cfg.splits:
+        split = manifest["splits"][name]
+        lines.append(f"  {name:<12} {split['num_records']:>8} records in {len(split['shards'])} shard(s)")
+    lines.append(f"  rejected     {manifest['num_rejected']:>8}"
+                 + (f"  ({', '.join(f'{k}: {v}' for k, v in manifest['rejects_by_reason'].items())})"
+                    if manifest["num_rejected"] else "") + f"   skipped (not images): {manifest['num_skipped']}")
+    lines.append(f"  {manifest['num_records']} records, {megabytes:.1f} MB in {seconds:.1f} s "
+                 f"({manifest['num_records'] / max(seconds, 1e-9):.0f} images/s); latest is {result['latest']}")
+    return "\n".join(lines)
+
+
+def _clean(args: argparse.Namespace) -> int:
+    destination = check_location("destination", args.destination)
+    BuildConfig(source=".", destination=destination, dataset=args.dataset, version="v")  # validates the name
+    if args.older_than_hours < 0:
+        raise ConfigError("--older-than-hours must be at least 0")
+    dataset_uri = join(destination, args.dataset)
+    report = clean_staging(Storage(), dataset_uri, args.older_than_hours * 3600, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for entry in report:
+        what = f"{entry['uri']} ({entry['files']} files, {entry['bytes'] / 1e6:.1f} MB, {entry['age_hours']:g} h old)"
+        print(f"{verb} {what}" if entry["action"] == "remove" else f"kept {what}: {entry['action'][6:]}")
+    removed = [e for e in report if e["action"] == "remove"]
+    print(f"{verb} staging of {len(removed)} version(s), {sum(e['bytes'] for e in removed) / 1e6:.1f} MB; "
+          f"kept {len(report) - len(removed)}" if report else f"no staging under {dataset_uri}")
+    return 0
+
+
+def _left_behind(cfg: BuildConfig, storage: Storage) -> str:
+    """What a stopped build left, and what to do about it."""
+    with contextlib.suppress(Exception):
+        if storage.exists(join(cfg.version_uri, layout.SUCCESS)):
+            return f"version {cfg.version} was published at {cfg.version_uri}"
+    kept = is_s3(cfg.staging_uri) or _has_staged_files(cfg)
+    return "nothing was published (latest.json is unchanged)" + (f"; {_kept_staging(cfg)}" if kept else "")
+
+
+def _staging_hint(cfg: BuildConfig | None) -> str:
+    """For a failed build that left a local staging folder: where it is and how to remove it."""
+    if cfg is None or is_s3(cfg.staging_uri) or not _has_staged_files(cfg):
+        return ""
+    return f" ({_kept_staging(cfg)})"
+
+
+def _has_staged_files(cfg: BuildConfig) -> bool:
+    """Whether a local staging folder holds files, once half-written temporaries are gone; an empty one
+    (only the released lock was there) is removed, so that nothing is left behind."""
+    if not os.path.isdir(cfg.staging_uri):
+        return False
+    with contextlib.suppress(OSError):
+        _remove_temporaries(cfg.staging_uri)
+    if any(files for _, _, files in os.walk(cfg.staging_uri)):
+        return True
+    with contextlib.suppress(OSError):
+        shutil.rmtree(cfg.staging_uri)
+        os.rmdir(os.path.dirname(cfg.staging_uri))
+    return False
+
+
+def _kept_staging(cfg: BuildConfig) -> str:
+    return (f"staging kept at {cfg.staging_uri}: rerun with --version {cfg.version} to resume, or remove it with "
+            f"`{PROG} clean --destination {cfg.destination} --dataset {cfg.dataset} --older-than-hours 0`")
+
+
+def _remove_temporaries(folder: str) -> None:
+    """Remove the half-written temporary files a stopped worker left inside a local staging folder."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in list(dirnames):
+            if name.startswith(stages.TMP_PREFIX):
+                shutil.rmtree(os.path.join(dirpath, name), ignore_errors=True)
+                dirnames.remove(name)
+        for name in filenames:
+            if name.startswith(stages.TMP_PREFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(dirpath, name))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "sample":
+        from .sample import make_sample
+
+        count = make_sample(args.out, per_class=args.per_class, seed=args.seed)
+        print(f"wrote {count} images to {args.out}")
+        return 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _raise_interrupted)
+    cfg: BuildConfig | None = None
+    storage = Storage()
+    try:
+        if args.command == "clean":
+            return _clean(args)
+        cfg = BuildConfig(source=args.source, destination=args.destination, dataset=args.dataset,
+                          version=args.version or default_version(), splits=parse_splits(args.splits),
+                          salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression,
+                          max_reject_fraction=args.max_reject_fraction, as_of=args.as_of,
+                          max_file_mb=args.max_file_mb, max_pixels=args.max_pixels)
+        if args.workers < 1:
+            raise ConfigError("--workers must be at least 1")
+        started = time.perf_counter()
+        result = build(cfg, workers=args.workers, progress=not args.no_progress and sys.stderr.isatty(),
+                       storage=storage, force=args.force)
+        print(_summary(cfg, result, time.perf_counter() - started, storage))
+        return 0
+    except Interrupted as exc:
+        left = _left_behind(cfg, storage) if cfg else "nothing was started"
+        print(f"interrupted by {exc}: {left}", file=sys.stderr)
+        return 128 + exc.signum
+    except LockHeld as exc:
+        print(f"error: version {cfg.version if cfg else '?'} is being built by another process; wait for it or pick "
+              f"another --version: {exc}", file=sys.stderr)
+        return 1
+    except ImageTfrecordsError as exc:
+        print(f"error: {exc}{_staging_hint(cfg)}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except OSError as exc:
+        if exc.errno not in USER_ERRNOS:
+            raise
+        where = cfg.destination if cfg else "?"
+        print(f"error: {os_error_line(exc, f'{where} or the temporary folder {tempfile.gettempdir()}')}"
+              f"{_staging_hint(cfg)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # connection and credential problems from boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, BotoCoreError | ClientError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        raise

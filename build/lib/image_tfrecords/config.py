@@ -1,0 +1,155 @@
+"""Build settings shared by the command line and the DAG, validated before any work starts."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .errors import ConfigError
+from .layout import is_name
+from .probe import MAX_PIXELS
+from .storage import is_s3, join
+from .tfrecord import COMPRESSIONS
+
+DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
+DEFAULT_DESTINATION = "s3://datasets/image-tfrecords"  # the DAG's and the datasets page's default
+DEFAULT_DATASET = "images"
+DEFAULT_MAX_FILE_MB = 256.0
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs:", "http:"
+
+
+
+
+def parse_splits(text: str) -> dict[str, float]:
+    """``"train=0.8,validation=0.1,test=0.1"`` -> ``{"train": 0.8, ...}`` (order kept)."""
+    splits: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ConfigError(f"split {part!r} is not NAME=FRACTION")
+        if name.strip() in splits:
+            raise ConfigError(f"split {name.strip()!r} is given more than once")
+        try:
+            splits[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"split {name.strip()!r} has a fraction that is not a number: {value!r}") from None
+    return splits
+
+
+def check_location(what: str, value: Any) -> str:
+    """A local path or ``s3://bucket/prefix``; URL-like typos (``s3:/b/x``, ``S3://``, ``gs://``) are errors,
+    never a local folder named ``s3:``."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} is required (a local folder or s3://bucket/prefix)")
+    if is_s3(value):
+        bucket, _, prefix = value[len("s3://"):].partition("/")
+        if not bucket:
+            raise ConfigError(f"{what} {value!r} has no bucket name")
+        if any(part in ("", ".", "..") for part in prefix.rstrip("/").split("/")) and prefix.strip("/"):
+            raise ConfigError(f"{what} {value!r} has an empty, '.' or '..' path segment")
+        return value
+    if _SCHEME.match(value):
+        rest = value.split(":", 1)[1].lstrip("/")
+        hint = f" (did you mean s3://{rest}?)" if value[:3].lower() == "s3:" or value[:4].lower() == "s3a:" else ""
+        raise ConfigError(f"{what} {value!r} is neither a local folder nor s3://bucket/prefix{hint}; "
+                          "write ./NAME for a local folder whose name has a ':'")
+    return value
+
+
+def check_splits(splits: Any) -> dict[str, float]:
+    """Validate split fractions: names are simple words, fractions in (0, 1], summing to 1."""
+    if not isinstance(splits, dict) or not splits:
+        raise ConfigError("splits must be a non-empty object like {\"train\": 0.8, \"test\": 0.2}")
+    out: dict[str, float] = {}
+    for name, fraction in splits.items():
+        if not isinstance(name, str) or not is_name(name):
+            raise ConfigError(f"split name {name!r} must be letters, digits, '.', '_' or '-'")
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+            raise ConfigError(f"split {name!r} fraction must be a number in (0, 1], not {fraction!r}")
+        out[name] = float(fraction)
+    if not math.isclose(sum(out.values()), 1.0, abs_tol=1e-6):
+        raise ConfigError(f"split fractions must sum to 1, not {sum(out.values()):g}")
+    return out
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that decides what one build produces, and where."""
+
+    source: str
+    destination: str
+    dataset: str
+    version: str
+    splits: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SPLITS))
+    salt: str = ""
+    shard_size_mb: float = 100.0
+    compression: str = "none"
+    max_reject_fraction: float = 0.2
+    as_of: str | None = None  # ISO 8601 time: only files modified at or before it (None: all)
+    max_file_mb: float = DEFAULT_MAX_FILE_MB  # larger files are rejected (too_large) before they are read
+    max_pixels: int = MAX_PIXELS  # larger images are rejected (too_many_pixels) before they are decoded
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", check_splits(self.splits))
+        for what in ("source", "destination"):
+            check_location(what, getattr(self, what))
+        for what in ("dataset", "version"):
+            value = getattr(self, what)
+            if not isinstance(value, str) or not is_name(value):
+                raise ConfigError(f"{what} {value!r} must start with a letter or digit and use only "
+                                  "(at most 200) "
+                                  "letters, digits, '.', '_' or '-'")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {self.compression!r}")
+        if isinstance(self.shard_size_mb, bool) or not isinstance(self.shard_size_mb, int | float) \
+                or not 0 < self.shard_size_mb <= 4096:
+            raise ConfigError(f"shard_size_mb must be a number in (0, 4096], not {self.shard_size_mb!r}")
+        if self.as_of is not None:
+            try:
+                if datetime.fromisoformat(self.as_of).tzinfo is None:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError(f"as_of must be an ISO 8601 time with a time zone, not {self.as_of!r}") from None
+        if isinstance(self.max_reject_fraction, bool) or not isinstance(self.max_reject_fraction, int | float) \
+                or not 0 <= self.max_reject_fraction <= 1:
+            raise ConfigError(f"max_reject_fraction must be a number in [0, 1], not {self.max_reject_fraction!r}")
+        if isinstance(self.max_file_mb, bool) or not isinstance(self.max_file_mb, int | float) \
+                or not 0 < self.max_file_mb <= 1_000_000:
+            raise ConfigError(f"max_file_mb must be a number in (0, 1000000], not {self.max_file_mb!r}")
+        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) \
+                or not 1 <= self.max_pixels <= 1_000_000_000:
+            raise ConfigError(f"max_pixels must be a whole number in [1, 1000000000], not {self.max_pixels!r}")
+
+    @property
+    def cutoff(self) -> datetime | None:
+        return datetime.fromisoformat(self.as_of) if self.as_of else None
+
+    @property
+    def fingerprint_params(self) -> dict[str, Any]:
+        """The settings that decide a build's content (not where it goes or what it is called)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("destination", "version", "as_of")}
+
+    @property
+    def max_file_bytes(self) -> int:
+        return int(self.max_file_mb * 1_000_000)
+
+    @property
+    def dataset_uri(self) -> str:
+        """``DEST/DATASET``: where versions and ``latest.json`` live."""
+        return join(self.destination, self.dataset)
+
+    @property
+    def version_uri(self) -> str:
+        """``DEST/DATASET/VERSION``: the published version."""
+        return join(self.dataset_uri, self.version)
+
+    @property
+    def staging_uri(self) -> str:
+        """Where a build's intermediate files live until publish (never a published version)."""
+        return join(self.dataset_uri, "_staging", self.version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

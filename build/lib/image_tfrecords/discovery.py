@@ -1,0 +1,238 @@
+"""Find the candidate images under a source and their labels.
+
+Two layouts: one folder per class (the label is the first folder below the root; deeper folders
+are fine), or a ``labels.csv`` in the root with columns ``filename,label``. Files that are not
+images by name (hidden files, ``Thumbs.db``, text) and entries that are not regular files
+(symlinks, FIFOs, devices, sockets; S3 folder markers) are skipped and counted by kind; image files
+without a label, labels.csv rows that point nowhere or do not parse, names that are not UTF-8,
+unreadable folders, too-deep paths and S3 keys that are not clean relative paths become rejects
+with a reason. One bad entry never stops the listing.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import posixpath
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .documents import read_rows
+from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
+from .storage import FileInfo, Storage, StorageError, is_s3, join
+
+LABELS_FILE = "labels.csv"
+MAX_CSV_FIELD = 1 << 20  # a labels.csv field longer than this makes its row a reject (bad_row)
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A file to inspect (``label`` set) or to reject (``reason`` set)."""
+
+    filename: str
+    label: str = ""
+    num_bytes: int = 0
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass
+class DiscoveryCounts:
+    layout: str = "folders"
+    listed: int = 0
+    skipped: int = 0
+    after_cutoff: int = 0
+    skipped_by_kind: Counter[str] = field(default_factory=Counter)  # symlink, fifo, ..., not_an_image_name
+    fingerprint: Any = field(default_factory=hashlib.sha256)  # of every (name, size, mtime, kind) listed
+
+    def see(self, info: FileInfo, cutoff: datetime | None) -> bool:
+        """Count a listed entry; False if it is newer than the snapshot cutoff (then it is ignored)."""
+        if cutoff is not None and info.modified > cutoff and not info.problem:
+            self.after_cutoff += 1
+            return False
+        self.listed += 1
+        self.fingerprint.update(f"{info.key}\0{info.size}\0{info.modified.isoformat()}\0{info.kind}"
+                                f"\0{info.problem}\n".encode())
+        return True
+
+    def skip(self, kind: str) -> None:
+        self.skipped += 1
+        self.skipped_by_kind[kind] += 1
+
+
+def looks_like_image(filename: str) -> bool:
+    """True for names with an image extension (any case), not hidden and not in a hidden folder."""
+    if any(part.startswith(".") for part in filename.split("/")):
+        return False
+    return posixpath.splitext(filename)[1].lower() in IMAGE_EXTENSIONS
+
+
+def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None,
+             cutoff: datetime | None = None) -> Iterator[Candidate]:
+    """Yield every candidate under ``source`` in a stable order; fill ``counts`` as it goes.
+
+    With a ``cutoff``, files modified after it are ignored (counted in ``after_cutoff``): the source
+    as it was at that time, for scheduled runs and backfills.
+    """
+    counts = counts if counts is not None else DiscoveryCounts()
+    labels_uri = join(source, LABELS_FILE)
+    if _has_labels_file(storage, source, labels_uri):
+        counts.layout = "labels.csv"
+        yield from _from_labels_file(storage, source, labels_uri, counts, cutoff)
+    else:
+        yield from _from_folders(storage, source, counts, cutoff)
+
+
+def _has_labels_file(storage: Storage, source: str, labels_uri: str) -> bool:
+    """True if the source has a labels.csv; a local one must be a regular file (never followed)."""
+    if is_s3(source):
+        return storage.exists(labels_uri)
+    try:
+        with storage.open_source(source, LABELS_FILE):
+            return True
+    except FileNotFoundError:
+        return False
+    except NotARegularFile as exc:
+        raise StorageError(f"{labels_uri} is not a regular file ({exc.detail}): replace it with the file itself") \
+            from None
+    except OSError as exc:
+        raise StorageError(f"cannot read {labels_uri}: {exc.strerror or exc}") from None
+
+
+def bad_key(key: str) -> str:
+    """Why an S3 key (relative to the source) cannot be a clean relative path, or ``""``.
+
+    Keys are taken verbatim: ``a//x.png`` is never read as ``a/x.png``, another object."""
+    parts = key.split("/")
+    if any(part == "" for part in parts):
+        return "empty path segment ('//', a leading or a trailing '/')"
+    if any(part in (".", "..") for part in parts):
+        return "'.' or '..' path segment"
+    if "\x00" in key:
+        return "NUL character in the key"
+    if len(key.encode()) > MAX_KEY_BYTES:
+        return f"key is longer than {MAX_KEY_BYTES} bytes"
+    return ""
+
+
+def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: datetime | None
+             ) -> Iterator[FileInfo | Candidate]:
+    """The listed regular files (FileInfo) and the rejects of what cannot be read (Candidate);
+    other kinds are counted as skipped."""
+    for info in storage.iter_files(source, everything=True):
+        if not counts.see(info, cutoff):
+            continue
+        if info.problem:
+            yield Candidate(info.key, num_bytes=info.size, reason=info.problem, detail=info.detail)
+        elif info.kind != "file":
+            counts.skip(info.kind)
+        elif is_s3(source) and (why := bad_key(info.key)):
+            yield Candidate(info.key, num_bytes=info.size, reason="bad_key", detail=why)
+        else:
+            yield info
+
+
+def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,
+                  cutoff: datetime | None) -> Iterator[Candidate]:
+    for info in _entries(storage, source, counts, cutoff):
+        if isinstance(info, Candidate):
+            yield info
+        elif not looks_like_image(info.key):
+            counts.skip("not_an_image_name")
+        elif "/" not in info.key:
+            yield Candidate(info.key, num_bytes=info.size, reason="no_label",
+                            detail="image in the source root: put it in a class folder")
+        else:
+            yield Candidate(info.key, label=info.key.split("/", 1)[0], num_bytes=info.size)
+
+
+def _safe_relative(filename: str) -> str | None:
+    """The normalised relative path, or None if it is absolute or leaves the root."""
+    if not filename or filename.startswith("/") or "\\" in filename or "\x00" in filename:
+        return None
+    normal = posixpath.normpath(filename)
+    if normal.startswith("../") or normal in ("..", "."):
+        return None
+    return normal
+
+
+def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: DiscoveryCounts,
+                      cutoff: datetime | None) -> Iterator[Candidate]:
+    sizes = {}
+    for info in _entries(storage, source, counts, cutoff):
+        if isinstance(info, Candidate):
+            yield info
+        else:
+            sizes[info.key] = info.size
+    seen: set[str] = set()
+    with _labels_rows(storage, source, labels_uri) as reader:
+        try:
+            header = reader.fieldnames
+        except csv.Error as exc:
+            raise ValueError(f"{labels_uri} has no readable header: {exc}") from None
+        if not header or not {"filename", "label"} <= set(header):
+            found = ",".join(header or []) or "nothing"
+            raise ValueError(f"{labels_uri} must have a header with columns filename,label (found: {found})")
+        for row in _parsed_rows(reader):
+            if isinstance(row, Candidate):
+                yield row
+                continue
+            raw, label = (row.get("filename") or ""), (row.get("label") or "").strip()
+            filename = _safe_relative(raw)
+            if filename is None:
+                yield Candidate(raw, reason="bad_path", detail="path is empty, absolute or outside the source")
+            elif filename in seen:
+                yield Candidate(filename, reason="duplicate_row", detail=f"listed more than once in {LABELS_FILE}")
+            elif filename not in sizes:
+                yield Candidate(filename, reason="missing_file", detail=f"listed in {LABELS_FILE} but not found")
+            else:
+                seen.add(filename)
+                if label:
+                    yield Candidate(filename, label=label, num_bytes=sizes[filename])
+                else:
+                    yield Candidate(filename, num_bytes=sizes[filename], reason="no_label", detail="empty label")
+    for filename, size in sizes.items():
+        if filename == LABELS_FILE or filename in seen:
+            continue
+        if looks_like_image(filename):
+            yield Candidate(filename, num_bytes=size, reason="no_label", detail=f"not listed in {LABELS_FILE}")
+        else:
+            counts.skip("not_an_image_name")
+
+
+@contextmanager
+def _labels_rows(storage: Storage, source: str, uri: str) -> Iterator[csv.DictReader[str]]:
+    """The labels.csv rows: locally read confined to the source (never through a symlink), from S3
+    spooled to disk; text that is not UTF-8 is kept (surrogate-escaped) so its row is rejected alone."""
+    csv.field_size_limit(MAX_CSV_FIELD)
+    if is_s3(source):
+        with read_rows(storage, uri, errors="surrogateescape") as reader:
+            yield reader
+        return
+    with storage.open_source(source, LABELS_FILE) as (stream, _):
+        yield csv.DictReader(io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline=""))
+
+
+def _parsed_rows(reader: csv.DictReader[str]) -> Iterator[dict[str, str] | Candidate]:
+    """Each row, or a ``bad_row`` reject for one that does not parse (an oversized field) or is not UTF-8."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield Candidate(f"{LABELS_FILE}:{reader.line_num}", reason="bad_row",
+                            detail=f"row does not parse ({exc}); the rows after it are read")
+            continue
+        text = "\0".join(str(v) for v in row.values() if v is not None)
+        if not is_clean_name(text):
+            yield Candidate(f"{LABELS_FILE}:{reader.line_num}", reason="bad_row", detail="row is not valid UTF-8")
+            continue
+        yield row
+

@@ -1,0 +1,70 @@
+"""CSV tables and JSON documents in a store, streamed: never held whole in memory."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .storage import Storage, is_s3
+
+
+@contextmanager
+def read_rows(storage: Storage, uri: str, errors: str = "strict") -> Iterator[csv.DictReader[str]]:
+    """Yield a DictReader of the CSV at ``uri`` (S3 objects are spooled to disk)."""
+    if is_s3(uri):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "rows.csv")
+            storage.download(uri, path)
+            with open(path, newline="", encoding="utf-8-sig", errors=errors) as f:
+                yield csv.DictReader(f)
+    else:
+        with open(uri, newline="", encoding="utf-8-sig", errors=errors) as f:
+            yield csv.DictReader(f)
+
+
+class RowWriter:
+    """Write dict rows to a local temporary CSV, then store it at ``uri`` on close."""
+
+    def __init__(self, storage: Storage, uri: str, fields: Sequence[str]) -> None:
+        self._storage, self._uri = storage, uri
+        fd, self._path = tempfile.mkstemp(suffix=".csv")
+        self._file = os.fdopen(fd, "w", newline="", encoding="utf-8")
+        self._writer = csv.DictWriter(self._file, fieldnames=list(fields), extrasaction="ignore",
+                                      lineterminator="\n")
+        self._writer.writeheader()
+        self.count = 0
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._writer.writerow(row)
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.close()
+        try:
+            self._storage.upload(self._path, self._uri)
+        finally:
+            os.unlink(self._path)
+
+    def __enter__(self) -> RowWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._file.close()
+            os.unlink(self._path)
+
+
+def write_json(storage: Storage, uri: str, value: Any) -> None:
+    """Store ``value`` as stable, human-readable JSON."""
+    storage.write_bytes(uri, (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
+
+
+def read_json(storage: Storage, uri: str) -> Any:
+    return json.loads(storage.read_bytes(uri))

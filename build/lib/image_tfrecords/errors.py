@@ -1,0 +1,50 @@
+"""The errors this package raises on purpose: each says in one line what is wrong, and whether
+trying again later can help (``retryable``).
+
+The CLI prints any ``ImageTfrecordsError`` as one line; the DAG fails a task at once for one that
+is not retryable and lets Airflow retry the others. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class ImageTfrecordsError(Exception):
+    """Base of every error meant for the user. ``retryable``: whether a later attempt may succeed."""
+
+    retryable = False
+
+
+class ConfigError(ImageTfrecordsError, ValueError):
+    """A parameter or location is invalid (exit status 2 on the command line)."""
+
+
+class BuildError(ImageTfrecordsError):
+    """The build cannot go on with this input (no images, a failed check, a changed source)."""
+
+
+class StorageError(ImageTfrecordsError):
+    """A store operation failed for a reason retrying will not fix (missing bucket, credentials)."""
+
+
+class StoreBusy(ImageTfrecordsError):
+    """A store object kept changing under us (e.g. ``latest.json`` contended); a retry may pass."""
+
+    retryable = True
+
+
+class StoreUnreachable(ImageTfrecordsError):
+    """The S3 endpoint does not answer; retrying later may help (Airflow retries these)."""
+
+    retryable = True
+
+
+class LockHeld(ImageTfrecordsError):
+    """Another build holds this version's lock."""
+
+
+class NotPublishedError(ImageTfrecordsError, ValueError):
+    """The URI is not a published version (no ``_SUCCESS``) nor a dataset with a ``latest.json``."""
+
+
+class ShardChecksumError(ImageTfrecordsError, ValueError):
+    """A shard's bytes do not hash to the SHA-256 the manifest lists."""

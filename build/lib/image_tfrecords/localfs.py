@@ -1,0 +1,227 @@
+"""Listing and reading a local source without ever leaving it.
+
+A nightly job reads folders that other people (and other programs) change while it runs, so
+nothing here trusts a name between two system calls:
+
+- The walk holds a descriptor per folder level and opens each subfolder relative to its parent
+  with ``O_NOFOLLOW``: a folder swapped for a symlink mid-walk is refused, not followed. It is
+  iterative (no recursion limit) and yields keys in sorted order, as an S3 listing does.
+- Opening a file walks the same way, then opens the last name with ``O_PATH | O_NOFOLLOW``
+  (nothing is really opened: a FIFO cannot block, a device has no side effect), checks with
+  ``fstat`` that it is a regular file, and only then reopens that same inode for reading.
+- Every entry gets an outcome: regular files are yielded as files; symlinks, FIFOs, devices and
+  sockets are yielded with their ``kind`` (the caller skips and counts them); a name that is not
+  valid UTF-8, a folder that cannot be read, or a path that is too deep or too long is yielded with
+  a ``problem`` (the caller turns it into a reject). Nothing here raises for one bad entry.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import BinaryIO
+
+MAX_DEPTH = 64  # folder levels below the source root
+MAX_KEY_BYTES = 1024  # UTF-8 bytes of a relative path (S3's key limit)
+_EPOCH = datetime.fromtimestamp(0, UTC)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_PATH = getattr(os, "O_PATH", 0)
+_REOPEN_BY_PROC = bool(_O_PATH) and os.path.isdir("/proc/self/fd")  # checked once, not per file
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One thing found under the root. ``kind``: file, symlink, fifo, device, socket or other;
+    ``problem`` (a reject reason) when it cannot become a candidate at all."""
+
+    key: str
+    size: int = 0
+    modified: datetime = _EPOCH
+    kind: str = "file"
+    problem: str = ""
+    detail: str = ""
+
+
+class NotARegularFile(OSError):
+    """The name is (now) a symlink, FIFO, device, socket or folder, or a folder on its path is a symlink."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(errno.EINVAL, detail)
+        self.kind = kind
+        self.detail = detail
+
+
+def printable(name: str) -> str:
+    """A name as valid UTF-8 text: bytes that are not UTF-8 appear as ``\\xNN`` (lossless for reading)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def is_clean_name(name: str) -> bool:
+    """True if the text (a name from the OS, or a decoded line, surrogate-escaped) is valid UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def kind_of(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "other"
+
+
+def _sorted_names(fd: int) -> list[str]:
+    """The names in a folder, sorted as their keys sort (a folder sorts as ``name/``)."""
+    names, folders = [], set()
+    with os.scandir(fd) as it:
+        for entry in it:
+            names.append(entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                folders.add(entry.name)
+    names.sort(key=lambda name: name + "/" if name in folders else name)
+    return names
+
+
+def _why(exc: OSError) -> str:
+    return "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or type(exc).__name__)
+
+
+def walk(root: str) -> Iterator[Entry]:
+    """Every entry below ``root`` (a folder the caller names; it may itself be a symlink), keys relative
+    to it with ``/`` separators, in sorted order. Folders are not yielded, only what they hold."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    stack: list[tuple[int, str, Iterator[str]]] = []
+    try:
+        stack.append((root_fd, "", iter(_sorted_names(root_fd))))
+    except BaseException:
+        os.close(root_fd)
+        raise
+    try:
+        while stack:
+            fd, prefix, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            key = prefix + name
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:  # removed while listing
+                continue
+            except OSError as exc:
+                yield Entry(printable(key), problem="unreadable", detail=_why(exc))
+                continue
+            kind = kind_of(st.st_mode)
+            if not is_clean_name(name):
+                folder = kind == "folder"
+                yield Entry(printable(key) + ("/" if folder else ""), kind=kind, problem="bad_filename",
+                            detail=f"{'folder ' if folder else ''}name is not valid UTF-8 (shown with \\x escapes)"
+                                   f"{'; nothing in it was read' if folder else ''}: rename it")
+            elif len(key.encode()) > MAX_KEY_BYTES:
+                yield Entry(key + ("/" if kind == "folder" else ""), problem="path_too_long",
+                            detail=f"path is longer than {MAX_KEY_BYTES} bytes")
+            elif kind == "folder":
+                child = _open_folder(fd, name, key, len(stack))
+                if isinstance(child, Entry):
+                    yield child
+                elif child is not None:
+                    stack.append(child)
+            else:
+                yield Entry(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _open_folder(parent: int, name: str, key: str, depth: int) -> tuple[int, str, Iterator[str]] | Entry | None:
+    """A stack frame for a subfolder, an Entry saying why it is not descended into, or None if it is gone."""
+    if depth >= MAX_DEPTH:
+        return Entry(key + "/", problem="path_too_long", detail=f"more than {MAX_DEPTH} folder levels deep")
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a symlink or file since listed
+            return Entry(key + "/", kind="symlink")
+        return Entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")
+    try:
+        return fd, key + "/", iter(_sorted_names(fd))
+    except OSError as exc:
+        os.close(fd)
+        return Entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")
+
+
+def open_file(root: str, key: str) -> tuple[BinaryIO, int]:
+    """Open ``root/key`` for reading, confined to ``root``; returns the file and its size.
+
+    Raises FileNotFoundError, PermissionError (or another OSError), or NotARegularFile when the
+    name or a folder on its path is not what a plain file under the root must be.
+    """
+    parts = key.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise NotARegularFile("other", f"{key!r} is not a clean relative path")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotARegularFile("symlink", f"folder {part!r} on its path is not a plain folder "
+                                                     "(a symlink?)") from None
+                raise
+            os.close(fd)
+            fd = child
+        file_fd = _open_regular(fd, parts[-1])
+    finally:
+        os.close(fd)
+    size = os.fstat(file_fd).st_size
+    return os.fdopen(file_fd, "rb"), size
+
+
+def _open_regular(folder: int, name: str) -> int:
+    """A read descriptor for ``name`` in ``folder`` if it is a regular file (checked on the descriptor)."""
+    if _REOPEN_BY_PROC:
+        handle = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        try:
+            _require_regular(os.fstat(handle).st_mode)
+            fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        finally:
+            os.close(handle)
+    else:  # no O_PATH: a non-blocking open never waits on a FIFO
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                         dir_fd=folder)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotARegularFile("symlink", "it is a symlink") from None
+            raise
+    try:
+        _require_regular(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _require_regular(mode: int) -> None:
+    kind = kind_of(mode)
+    if kind != "file":
+        raise NotARegularFile(kind, f"it is a {kind}, not a regular file")

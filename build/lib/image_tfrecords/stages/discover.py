@@ -1,0 +1,56 @@
+"""Stage 1: list the source into staging, and decide whether anything changed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+from .. import __version__, layout
+from ..config import BuildConfig
+from ..discovery import DiscoveryCounts, discover
+from ..documents import RowWriter, write_json
+from ..errors import BuildError
+from ..manifest import REJECTS_FIELDS
+from ..storage import Storage, is_s3
+from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, staged
+
+
+def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """List the source: candidate images to inspect, rejects, and skipped non-image files.
+
+    ``unchanged_since`` names the previous published version when the source listing and the
+    params fingerprint the same (the rest of the build can then be skipped).
+    """
+    counts = DiscoveryCounts()
+    with RowWriter(storage, staged(cfg, DISCOVERED), ("filename", "label", "num_bytes")) as found, \
+            RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects:
+        for candidate in discover(storage, cfg.source, counts, cfg.cutoff):
+            if candidate.reason:
+                rejects.write(vars(candidate))
+            else:
+                found.write(vars(candidate))
+    counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
+    fingerprint = counts.fingerprint.hexdigest()
+    previous = layout.previous_version(storage, cfg.dataset_uri, cfg.version)
+    unchanged = previous if previous and layout.read_manifest(storage, cfg.dataset_uri + "/" + previous).get(
+        "source_fingerprint") == fingerprint else None
+    summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
+               "skipped_by_kind": dict(sorted(counts.skipped_by_kind.items())),
+               "after_cutoff": counts.after_cutoff, "candidates": found.count, "rejected": rejects.count,
+               "fingerprint": fingerprint, "previous_version": previous, "unchanged_since": unchanged}
+    write_json(storage, staged(cfg, DISCOVER_SUMMARY), summary)
+    if not found.count:
+        raise BuildError(f"no labelled images found under {cfg.source} ({counts.listed} files listed, "
+                         f"{rejects.count} rejected): expected one folder per class or a labels.csv")
+    return summary
+
+
+def discard_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Drop this build's staging prefix (when there is nothing new to build)."""
+    storage.delete_tree(cfg.staging_uri)
+    if not is_s3(cfg.staging_uri):  # and the local _staging/ folder, once no build uses it
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(cfg.staging_uri))
+    return {"discarded": cfg.staging_uri}

@@ -1,0 +1,59 @@
+"""Stage 8: publish the validated build atomically: files, then ``_SUCCESS``, then ``latest.json``."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from typing import Any
+
+from .. import layout
+from ..config import BuildConfig
+from ..documents import read_json
+from ..errors import BuildError
+from ..storage import Storage, is_s3, join
+from ..tfds_metadata import tfds_metadata_files
+from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, SHARDS, staged
+
+
+def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Copy the validated build to ``DEST/DATASET/VERSION/``: shards and their ``.tfindex`` files, the
+    card, labels.csv, rejects.csv, TFDS's metadata, ``manifest.json``; then ``_SUCCESS`` (the manifest's
+    SHA-256), then move ``latest.json`` forward. Rerunning it after success changes nothing."""
+    final = cfg.version_uri
+    staged_manifest = staged(cfg, MANIFEST)
+    if storage.exists(join(final, layout.SUCCESS)):
+        if not storage.exists(staged_manifest):  # already published and cleaned up: a rerun
+            return _finish(cfg, storage, layout.read_manifest(storage, final), already=True)
+        published = layout.manifest_uri(storage, final)
+        if published is None or storage.read_bytes(published) != storage.read_bytes(staged_manifest):
+            raise BuildError(f"version {cfg.version} is already published at {final} with different "
+                             "content; published versions are immutable, so pick another version")
+        return _finish(cfg, storage, read_json(storage, staged_manifest), already=True)
+    manifest = read_json(storage, staged_manifest)
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            storage.copy(staged(cfg, SHARDS, shard["file"]), join(final, shard["file"]), shard["sha256"])
+            index = layout.index_file(shard["file"])
+            storage.copy(staged(cfg, SHARDS, index), join(final, index))
+    for name in read_json(storage, staged(cfg, CARD_INDEX)):
+        storage.copy(staged(cfg, CARD, name), join(final, name))
+    for name in (LABELS, REJECTS):
+        storage.copy(staged(cfg, name), join(final, name))
+    for name, data in sorted(tfds_metadata_files(manifest).items()):
+        storage.write_bytes(join(final, name), data)
+    storage.copy(staged_manifest, join(final, layout.MANIFEST))
+    manifest_sha = hashlib.sha256(storage.read_bytes(join(final, layout.MANIFEST))).hexdigest()
+    storage.write_bytes(join(final, layout.SUCCESS), (manifest_sha + "\n").encode())
+    return _finish(cfg, storage, manifest, already=False)
+
+
+def _finish(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any], already: bool) -> dict[str, Any]:
+    latest = layout.update_latest(storage, cfg.dataset_uri, cfg.version)
+    storage.delete_tree(cfg.staging_uri)
+    if not is_s3(cfg.staging_uri):  # drop the local _staging/ folder once no build uses it
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(cfg.staging_uri))
+    return {"uri": cfg.version_uri, "version": cfg.version, "num_records": manifest["num_records"],
+            "num_rejected": manifest["num_rejected"], "latest": latest, "already_published": already,
+            "splits": {name: s["num_records"] for name, s in manifest["splits"].items()}}

@@ -1,0 +1,77 @@
+"""Stage 3: resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .. import layout
+from ..config import BuildConfig
+from ..documents import RowWriter, read_json, read_rows, write_json
+from ..errors import BuildError
+from ..manifest import LABELS_FIELDS, REJECTS_FIELDS
+from ..splitting import DuplicateResolver, assign_split
+from ..storage import Storage, join
+from .staging import (
+    DISCOVER_REJECTS,
+    DISCOVER_SUMMARY,
+    INSPECT_REJECTS,
+    INSPECTED,
+    LABELS,
+    REJECTS,
+    SPLIT_SUMMARY,
+    staged,
+)
+
+
+def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Write labels.csv (one row per record, with its class id and split) and rejects.csv.
+
+    Class ids never change once given: the previous version's classes keep theirs, new ones are
+    appended in sorted order. Fails before anything is written to the shards when nothing is left,
+    or when more than ``max_reject_fraction`` of the files were rejected.
+    """
+    inspected = staged(cfg, INSPECTED)
+    with read_rows(storage, inspected) as rows:
+        resolver = DuplicateResolver((r["filename"], r["label"], r["sha256"]) for r in rows)
+    found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
+    previous = found["previous_version"]
+    known = layout.read_manifest(storage, join(cfg.dataset_uri, previous))["classes"] if previous else []
+    classes = known + sorted(resolver.kept_labels() - set(known))
+    class_ids = {name: i for i, name in enumerate(classes)}
+    per_split: dict[str, Counter[str]] = {name: Counter() for name in cfg.splits}
+    reasons: Counter[str] = Counter()
+    with RowWriter(storage, staged(cfg, LABELS), LABELS_FIELDS) as labels, \
+            RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects:
+        for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
+            with read_rows(storage, staged(cfg, earlier)) as rows:
+                for row in rows:
+                    rejects.write(row)
+                    reasons[row["reason"]] += 1
+        with read_rows(storage, inspected) as rows:
+            for row in rows:
+                verdict = resolver.verdict(row["filename"], row["sha256"])
+                if verdict:
+                    rejects.write({"filename": row["filename"], "reason": verdict[0], "detail": verdict[1]})
+                    reasons[verdict[0]] += 1
+                    continue
+                split = assign_split(row["sha256"], cfg.salt, cfg.splits)
+                labels.write({**row, "label_id": class_ids[row["label"]], "split": split})
+                per_split[split]["records"] += 1
+                per_split[split]["bytes"] += int(row["encoded_bytes"])
+    summary = {"classes": classes, "previous_version": previous, "source_fingerprint": found["fingerprint"],
+               "num_records": labels.count, "num_rejected": rejects.count, "num_skipped": found["skipped"],
+               "skipped_by_kind": found.get("skipped_by_kind", {}),
+               "rejects_by_reason": dict(sorted(reasons.items())),
+               "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
+                          for name, c in per_split.items()}}
+    write_json(storage, staged(cfg, SPLIT_SUMMARY), summary)
+    why = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
+    if not labels.count:
+        raise BuildError(f"no valid images to publish: all {rejects.count} files were rejected ({why})")
+    share = rejects.count / (labels.count + rejects.count)
+    if share > cfg.max_reject_fraction:
+        raise BuildError(f"{rejects.count} of {labels.count + rejects.count} files rejected ({share:.0%}, more "
+                         f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {staged(cfg, REJECTS)}")
+    return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
+        "num_classes": len(classes)}

@@ -1,0 +1,204 @@
+"""The store interface, and what every store shares: URI helpers, listing entries, hashing wrappers and
+the one conversion between hex SHA-256 digests and the base64 checksums S3 sends and verifies.
+
+A store handles the URIs of one scheme (a local path, ``s3://bucket/key``); ``Storage`` picks the store
+for a URI and delegates to it. Every URI a store receives is of its own scheme.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import BinaryIO
+
+from ..errors import StorageError
+
+S3_SCHEME = "s3://"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file or object found by a listing; ``key`` is relative to the listed URI.
+
+    With ``iter_files(..., everything=True)`` a listing also yields what is not a regular file
+    (``kind``: symlink, fifo, device, socket, other, or folder_marker for an empty S3 ``key/``) and
+    entries that cannot be candidates at all (``problem``: a reject reason, with ``detail``).
+    """
+
+    key: str
+    size: int
+    modified: datetime
+    kind: str = "file"
+    problem: str = ""
+    detail: str = ""
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith(S3_SCHEME)
+
+
+def join(uri: str, *parts: str) -> str:
+    """Join URI parts with ``/`` (for S3 and local paths alike)."""
+    out = uri.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}" if part else out
+    return out
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    bucket, _, key = uri[len(S3_SCHEME) :].partition("/")
+    if not bucket:
+        raise StorageError(f"no bucket in {uri!r}")
+    return bucket, key
+
+
+# -- checksums: hex SHA-256 digests (manifests, receipts) <-> S3's base64 ChecksumSHA256 -----------
+def to_s3_checksum(sha256_hex: str) -> str:
+    """The ``ChecksumSHA256`` value (base64 of the digest bytes) for a hex SHA-256 digest."""
+    return base64.b64encode(bytes.fromhex(sha256_hex)).decode()
+
+
+def from_s3_checksum(checksum: str | None) -> str | None:
+    """The hex SHA-256 digest of an object's ``ChecksumSHA256``; None when there is none, or when it is
+    a multipart upload's checksum of checksums (``...-N``), which is not the digest of the content."""
+    if not checksum or "-" in checksum:
+        return None
+    return base64.b64decode(checksum).hex()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HashingWriter:
+    """A binary file wrapper that hashes (SHA-256) and counts what is written through it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.num_bytes += len(data)
+        return self._file.write(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+
+class HashingReader:
+    """A binary stream wrapper that hashes (SHA-256) and counts what is read through it."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.sha256.update(data)
+        self.num_bytes += len(data)
+        return data
+
+    def drain(self) -> None:
+        """Read (and hash) whatever is left."""
+        while self.read(1 << 20):
+            pass
+
+
+class Store(ABC):
+    """Files under the URIs of one scheme. Writes are atomic: a reader sees the old content or the new one.
+
+    Missing files: ``open_read`` (and ``read_bytes``) raise FileNotFoundError, ``exists`` is False,
+    ``read_with_tag`` gives (None, None), ``delete`` and ``delete_tree`` do nothing.
+    """
+
+    def prime(self) -> None:  # noqa: B027 - most stores have nothing to prepare
+        """Make any client now, before threads share the store (client factories are not thread-safe)."""
+
+    # -- listing ---------------------------------------------------------------------------------
+    @abstractmethod
+    def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:
+        """Every file below ``uri`` (recursively), keys relative to it, in sorted order; ``everything``
+        also yields the entries that are not regular files (see FileInfo). StorageError if ``uri`` cannot
+        be listed."""
+
+    @abstractmethod
+    def list_children(self, uri: str) -> tuple[list[str], list[str]]:
+        """(sub-folder names, file names) directly below ``uri``, each sorted: one delimiter listing.
+        Nothing below ``uri`` (or no such folder): two empty lists. Symlinks are never followed."""
+
+    def list_dirs(self, uri: str) -> list[str]:
+        """The names of the immediate sub-folders of ``uri``, sorted."""
+        return self.list_children(uri)[0]
+
+    # -- reading ---------------------------------------------------------------------------------
+    @abstractmethod
+    def open_source(self, source: str, key: str) -> AbstractContextManager[tuple[BinaryIO, int]]:
+        """A source file's stream and its size (-1 when the listing knows it); a local file is opened
+        confined to ``source`` (``localfs.NotARegularFile`` for anything but a regular file)."""
+
+    @abstractmethod
+    def exists(self, uri: str) -> bool:
+        """True if ``uri`` is a file (an object)."""
+
+    @abstractmethod
+    def open_read(self, uri: str) -> AbstractContextManager[BinaryIO]:
+        """A binary stream of the file (S3: the response body, not spooled to disk)."""
+
+    def read_bytes(self, uri: str) -> bytes:
+        with self.open_read(uri) as f:
+            return f.read()
+
+    @abstractmethod
+    def download(self, uri: str, path: str) -> None:
+        """Copy ``uri`` to the local file ``path`` (streamed)."""
+
+    @abstractmethod
+    def sha256_of(self, uri: str) -> str | None:
+        """The hex SHA-256 the store holds for (or hashes from) ``uri``; None if it has none."""
+
+    @abstractmethod
+    def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
+        """Content and a version tag for ``write_if_unchanged``; (None, None) if absent."""
+
+    # -- writing ---------------------------------------------------------------------------------
+    @abstractmethod
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        """Write ``data`` to ``uri`` atomically (S3 verifies its SHA-256 on arrival)."""
+
+    @abstractmethod
+    def upload(self, path: str, uri: str, sha256: str) -> None:
+        """Store the local file ``path``, whose hex SHA-256 is ``sha256``, at ``uri`` atomically."""
+
+    @abstractmethod
+    def write_if_unchanged(self, uri: str, data: bytes, tag: str | None) -> bool:
+        """Write only if ``uri`` still has version ``tag`` (None: only if absent); False if it moved."""
+
+    @abstractmethod
+    def copy(self, src: str, dst: str, sha256: str | None = None) -> None:
+        """Copy one file within this store (server-side or a hard link where possible); with ``sha256``,
+        StorageError unless the copy has that digest."""
+
+    @abstractmethod
+    def delete(self, uri: str) -> None:
+        """Delete one file or object."""
+
+    @abstractmethod
+    def delete_tree(self, uri: str) -> None:
+        """Delete everything below ``uri``."""

@@ -1,0 +1,167 @@
+"""``LocalStore``: files under local paths.
+
+Listing and opening source files never follow a symlink (see ``localfs``). Every write goes to a
+temporary name in the target's folder and is renamed over it; stored files are readable by everyone
+(0644). A copy or an upload is a hard link where the file system allows one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+from .. import localfs
+from ..errors import StorageError
+from .base import FileInfo, Store, sha256_bytes, sha256_file
+
+
+class LocalStore(Store):
+    """Files in local folders; URIs are paths."""
+
+    # -- listing ---------------------------------------------------------------------------------
+    def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:
+        if not os.path.isdir(uri):
+            raise StorageError(f"{uri} is not a folder")
+        try:
+            for entry in localfs.walk(uri):
+                if everything or (entry.kind == "file" and not entry.problem):
+                    yield FileInfo(entry.key, entry.size, entry.modified, entry.kind, entry.problem, entry.detail)
+        except PermissionError:
+            raise StorageError(f"cannot read the folder {uri}: permission denied") from None
+
+    def list_children(self, uri: str) -> tuple[list[str], list[str]]:
+        if not os.path.isdir(uri):
+            return [], []
+        try:
+            with os.scandir(uri) as it:
+                entries = [e for e in it if not e.is_symlink()]
+            return sorted(e.name for e in entries if e.is_dir()), sorted(e.name for e in entries if e.is_file())
+        except PermissionError:
+            raise StorageError(f"cannot read the folder {uri}: permission denied") from None
+
+    # -- reading ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def open_source(self, source: str, key: str) -> Iterator[tuple[BinaryIO, int]]:
+        """Opened confined to ``source``: no symlink is followed, and only a regular file is opened."""
+        file, size = localfs.open_file(source, key)
+        with file:
+            yield file, size
+
+    def exists(self, uri: str) -> bool:
+        return os.path.isfile(uri)
+
+    @contextlib.contextmanager
+    def open_read(self, uri: str) -> Iterator[BinaryIO]:
+        with open(uri, "rb") as f:
+            yield f
+
+    def download(self, uri: str, path: str) -> None:
+        shutil.copyfile(uri, path)
+
+    def sha256_of(self, uri: str) -> str | None:
+        """What the file hashes to; None if there is no such file."""
+        return sha256_file(uri) if os.path.isfile(uri) else None
+
+    def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
+        """Content and a tag of modification time and content hash; (None, None) if absent."""
+        try:
+            with open(uri, "rb") as f:  # mtime alone can miss a write in the same clock tick
+                data = f.read()
+                return data, f"{os.fstat(f.fileno()).st_mtime_ns}-{sha256_bytes(data)[:16]}"
+        except FileNotFoundError:
+            return None, None
+
+    # -- writing ---------------------------------------------------------------------------------
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        _atomic(uri, lambda f: f.write(data))
+
+    def upload(self, path: str, uri: str, sha256: str) -> None:
+        """Hard-links ``path`` (a finished temporary file) into place where possible, else copies it."""
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(path, 0o644)  # temporary files are 0600; stored files are for every reader
+        if not _link(path, uri):
+            _atomic(uri, lambda f: _copy_into(path, f))
+
+    def write_if_unchanged(self, uri: str, data: bytes, tag: str | None) -> bool:
+        """Compare and write under an exclusive ``flock`` of the file's folder."""
+        import fcntl
+
+        directory = os.path.dirname(uri) or "."
+        os.makedirs(directory, exist_ok=True)
+        lock = os.open(directory, os.O_RDONLY)  # lock the folder: no stray lock file to publish
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _, current = self.read_with_tag(uri)
+            if current != tag:
+                return False
+            _atomic(uri, lambda f: f.write(data))
+            return True
+        finally:
+            os.close(lock)
+
+    def copy(self, src: str, dst: str, sha256: str | None = None) -> None:
+        """A hard link on one file system (the same file: nothing to check); else a byte copy, hashed on
+        the way."""
+        if _link(src, dst):
+            return
+        digest = hashlib.sha256()
+        _atomic(dst, lambda f: _copy_into(src, f, digest))
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise StorageError(f"copy of {src} to {dst} has sha256 {digest.hexdigest()}, expected {sha256}")
+
+    def delete(self, uri: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(uri)
+
+    def delete_tree(self, uri: str) -> None:
+        shutil.rmtree(uri, ignore_errors=True)
+
+
+def _atomic(path: str, fill: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through ``fill`` into a temporary file in its folder, fsync it, rename it into place."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path))
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; published files are for every reader
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _copy_into(src: str, f: BinaryIO, digest: Any = None) -> None:
+    with open(src, "rb") as s:
+        while chunk := s.read(1 << 20):
+            f.write(chunk)
+            if digest is not None:
+                digest.update(chunk)
+
+
+def _link(src: str, dst: str) -> bool:
+    """Make ``dst`` a hard link to ``src``, atomically; False if the file system cannot (another disk)."""
+    directory = os.path.dirname(dst) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(dst)}")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return False
+    try:
+        os.replace(tmp, dst)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True

@@ -1,0 +1,148 @@
+"""The published format: what a dataset folder holds and how versions are found and named.
+
+    DEST/DATASET/
+        latest.json                 {"version": V}: the newest published version
+        VERSION/
+            {split}-{i:05d}-of-{n:05d}.tfrecord[.gz]   the shards
+            {split}-{i:05d}-of-{n:05d}.tfindex         record offsets per shard (PyTorch's ``tfrecord``)
+            manifest.json           our manifest (``dataset_info.json`` in versions before 0.2)
+            dataset_info.json, features.json           TFDS metadata (uncompressed versions)
+            labels.csv, rejects.csv, card.md, card.html, card/
+            _SUCCESS                written last: a version without it is not published
+        _staging/VERSION/           a build in progress (never read by readers)
+
+The pipeline, the loader, the UI plugin and the consumer DAG all read and write through this
+module; it imports nothing heavier than the store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import NotPublishedError, StoreBusy
+from .storage import Storage, join
+
+MANIFEST = "manifest.json"
+LEGACY_MANIFEST = "dataset_info.json"  # our manifest's name before TFDS's metadata took it
+TFDS_INFO, TFDS_FEATURES = "dataset_info.json", "features.json"
+SUCCESS, LATEST, LABELS, REJECTS = "_SUCCESS", "latest.json", "labels.csv", "rejects.csv"
+STAGING = "_staging"
+INDEX_SUFFIX = ".tfindex"
+VERSION_FORMAT = "%Y%m%dT%H%M%SZ"  # default version names: the build's (or run's logical) time in UTC
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # dataset and version names (fullmatch)
+SHARD = re.compile(r"(?P<split>.+)-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord(?:\.gz)?")
+
+
+def shard_suffix(compression: str) -> str:
+    return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+
+
+def shard_file(split: str, index: int, count: int, compression: str) -> str:
+    """``{split}-{index:05d}-of-{count:05d}.tfrecord[.gz]``."""
+    return f"{split}-{index:05d}-of-{count:05d}{shard_suffix(compression)}"
+
+
+def index_file(shard: str) -> str:
+    """The offsets file of a shard: ``train-00000-of-00002.tfrecord`` -> ``train-00000-of-00002.tfindex``."""
+    match = SHARD.fullmatch(shard)
+    if not match:
+        raise ValueError(f"not a shard file name: {shard}")
+    return shard[: match.end("count")] + INDEX_SUFFIX
+
+
+def version_name(when: datetime) -> str:
+    """The default version name for a build at ``when``: ``YYYYMMDDTHHMMSSZ`` in UTC."""
+    return when.astimezone(UTC).strftime(VERSION_FORMAT)
+
+
+def version_key(version: str) -> list[Any]:
+    """Natural sort key: ``v2 < v10``; timestamps sort chronologically."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", version)]
+
+
+def is_name(text: str) -> bool:
+    """A dataset or version name: no separators, no ``..``, never ``_staging``."""
+    return bool(NAME.fullmatch(text))
+
+
+# -- versions --------------------------------------------------------------------------------
+def list_versions(storage: Storage, dataset_uri: str) -> list[str]:
+    """The published versions of a dataset (folders holding ``_SUCCESS``), oldest first.
+
+    One delimiter listing of the dataset folder, then one existence check per version folder.
+    """
+    candidates = [name for name in storage.list_dirs(dataset_uri) if is_name(name)]
+    return sorted((v for v in candidates if storage.exists(join(dataset_uri, v, SUCCESS))), key=version_key)
+
+
+def previous_version(storage: Storage, dataset_uri: str, version: str) -> str | None:
+    """The newest published version that sorts before ``version`` (what a build of it follows)."""
+    earlier = [v for v in list_versions(storage, dataset_uri) if version_key(v) < version_key(version)]
+    return earlier[-1] if earlier else None
+
+
+def read_latest(storage: Storage, dataset_uri: str) -> str | None:
+    """The version ``latest.json`` names, or None when there is none (or it is unreadable)."""
+    try:
+        version = json.loads(storage.read_bytes(join(dataset_uri, LATEST))).get("version")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
+    return version if isinstance(version, str) else None
+
+
+def update_latest(storage: Storage, dataset_uri: str, version: str, attempts: int = 20) -> str:
+    """Point ``latest.json`` at ``version`` unless it already names a newer one; returns its version.
+
+    A conditional write (compare-and-swap on the object's ETag, or a lock locally), so two builds
+    finishing at once never move it backwards.
+    """
+    uri = join(dataset_uri, LATEST)
+    for _ in range(attempts):
+        data, tag = storage.read_with_tag(uri)
+        current = json.loads(data)["version"] if data else None
+        if current is not None and version_key(current) >= version_key(version):
+            return current
+        if storage.write_if_unchanged(uri, (json.dumps({"version": version}) + "\n").encode(), tag):
+            return version
+    raise StoreBusy(f"{uri} kept changing while it was being updated")
+
+
+# -- manifests -------------------------------------------------------------------------------
+def manifest_uri(storage: Storage, version_uri: str) -> str | None:
+    """Where a version's manifest is: ``manifest.json``, or the old ``dataset_info.json`` (when it is ours,
+    not TFDS's); None if there is neither."""
+    uri = join(version_uri, MANIFEST)
+    if storage.exists(uri):
+        return uri
+    legacy = join(version_uri, LEGACY_MANIFEST)
+    if storage.exists(legacy) and not storage.exists(join(version_uri, TFDS_FEATURES)):
+        return legacy
+    return None
+
+
+def read_manifest(storage: Storage, version_uri: str) -> dict[str, Any]:
+    """A version's manifest (either name). FileNotFoundError if it has none."""
+    uri = manifest_uri(storage, version_uri)
+    if uri is None:
+        raise FileNotFoundError(join(version_uri, MANIFEST))
+    return json.loads(storage.read_bytes(uri))
+
+
+def resolve(storage: Storage, uri: str) -> str:
+    """The published version URI for ``uri``: a version, or a dataset resolved through ``latest.json``.
+
+    Raises NotPublishedError for a version without ``_SUCCESS`` or a folder that is neither.
+    """
+    uri = uri.rstrip("/")
+    version = uri
+    if manifest_uri(storage, uri) is None:
+        latest = read_latest(storage, uri)
+        if latest is None:
+            raise NotPublishedError(f"{uri}: no {MANIFEST} (a version) nor {LATEST} (a dataset)")
+        version = join(uri, latest)
+    if not storage.exists(join(version, SUCCESS)):
+        raise NotPublishedError(f"{version} has no {SUCCESS}: it is not published (still being built, or failed)")
+    return version

@@ -1,0 +1,133 @@
+"""The pipeline's stages, in order: the one definition the DAG, the command line and the benchmark use.
+
+    discover -> inspect -> split -> plan -> write (one per shard: write, then check) -> validate -> card -> publish
+
+Each stage is a function ``(cfg, storage, ...) -> small dict`` in a module of its own. It reads
+its inputs from the build's staging prefix in the store and writes its outputs there (see
+``staging``), so a stage can run on any worker; run again on the same inputs, it writes the same
+bytes. The DAG runs each stage as a task (``write`` as one mapped task per group of shards);
+``run_pipeline`` runs them all in one process, with a process pool for the per-image work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from ..config import BuildConfig
+from ..errors import BuildError
+from ..storage import Storage
+from .card import card_stage
+from .discover import discard_stage, discover_stage
+from .inspect import inspect_stage
+from .plan import all_shards, plan_stage, task_shards
+from .publish import publish_stage
+from .split import split_stage
+from .staging import (
+    DISCOVER_REJECTS,
+    DISCOVERED,
+    INSPECT_REJECTS,
+    INSPECTED,
+    LABELS,
+    MANIFEST,
+    MAX_MAP_LENGTH,
+    PLAN,
+    REJECTS,
+    TMP_PREFIX,
+    Progress,
+    no_progress,
+)
+from .validate import validate_shard, validate_stage
+from .write import write_and_check, write_shard, write_task
+
+__all__ = [
+    "DISCOVERED",
+    "DISCOVER_REJECTS",
+    "INSPECTED",
+    "INSPECT_REJECTS",
+    "LABELS",
+    "MANIFEST",
+    "MAX_MAP_LENGTH",
+    "PIPELINE",
+    "PLAN",
+    "REJECTS",
+    "TMP_PREFIX",
+    "BuildError",
+    "Stage",
+    "card_stage",
+    "discard_stage",
+    "discover_stage",
+    "inspect_stage",
+    "plan_stage",
+    "publish_stage",
+    "run_pipeline",
+    "split_stage",
+    "task_shards",
+    "validate_shard",
+    "validate_stage",
+    "write_and_check",
+    "write_shard",
+    "write_task",
+]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the pipeline; ``per_shard`` steps run once per planned shard."""
+
+    name: str
+    run: Callable[..., Any]
+    per_shard: bool = False
+
+
+PIPELINE: tuple[Stage, ...] = (
+    Stage("discover", discover_stage),
+    Stage("inspect", inspect_stage),
+    Stage("split", split_stage),
+    Stage("plan", plan_stage),
+    Stage("write", write_and_check, per_shard=True),
+    Stage("validate", validate_stage),
+    Stage("card", card_stage),
+    Stage("publish", publish_stage),
+)
+
+ProgressFactory = Callable[[str, int], AbstractContextManager[Progress]]
+
+
+@contextlib.contextmanager
+def _silent(_name: str, _total: int) -> Iterator[Progress]:
+    yield no_progress
+
+
+def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = None, workers: int = 1,
+                 progress: ProgressFactory = _silent, force: bool = False,
+                 before_publish: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Run every stage of ``PIPELINE`` in this process; per-image work goes to ``pool`` (``workers`` processes).
+
+    When the source listing and params are those of the previous published version, nothing is
+    built (the staging is dropped) unless ``force``: returns ``{"unchanged_since": VERSION, ...}``.
+    ``progress(stage, total)`` gives a callback counting images done; ``before_publish`` may raise to
+    stop the build before anything is published (the CLI checks it still holds its lock).
+    """
+    found = discover_stage(cfg, storage)
+    if found["unchanged_since"] and not force:
+        discard_stage(cfg, storage)
+        return {"unchanged_since": found["unchanged_since"], "version": found["unchanged_since"]}
+    with progress("inspect", found["candidates"]) as done:
+        inspect_stage(cfg, storage, workers=max(2, workers), progress=done,
+                      processes=pool if pool is not None and workers > 1 else None)
+    split = split_stage(cfg, storage)
+    plan_stage(cfg, storage)
+    mapper = pool.map if pool is not None else map
+    with progress("write", split["num_records"]) as done:
+        for result in mapper(partial(write_and_check, cfg, storage), all_shards(cfg, storage)):
+            done(result["num_records"])
+    validate_stage(cfg, storage)
+    card_stage(cfg, storage)
+    before_publish()
+    return publish_stage(cfg, storage)

@@ -1,0 +1,36 @@
+"""What a build keeps in its staging prefix (``DEST/DATASET/_staging/VERSION/``) between stages.
+
+Every stage reads its inputs from, and writes its outputs to, this prefix in the store, and
+returns a small dict (counts, URIs): nothing of unbounded size passes between stages except
+through the store, so each stage can run on any worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..config import BuildConfig
+from ..storage import join
+
+Progress = Callable[[int], None]
+TMP_PREFIX = ".tmp-"  # temporary files and folders inside a local staging prefix
+MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length: the most write tasks a plan makes
+
+DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
+INSPECTED, INSPECT_REJECTS = "inspected.csv", "rejects-inspect.csv"
+LABELS, REJECTS, SPLIT_SUMMARY = "labels.csv", "rejects.csv", "split.json"
+PLAN, MANIFEST = "plan.json", "manifest.json"
+MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each
+CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
+TFDS, TFDS_INDEX = "tfds-files", "tfds-files.json"  # staged TFDS metadata (published as dataset_info.json, ...)
+INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
+                    "source_format", "transform", "encoded_sha256", "encoded_bytes")
+
+
+def staged(cfg: BuildConfig, *parts: str) -> str:
+    """The URI of a staged file of this build."""
+    return join(cfg.staging_uri, *parts)
+
+
+def no_progress(_: int) -> None:
+    pass

@@ -1,0 +1,185 @@
+"""Stage 6: check every staged shard against the plan and labels.csv; stage the manifest.
+
+``validate_shard`` re-reads one staged shard from the store (CRCs, every record parses with the
+schema and matches its planned row, the image bytes are the inspected ones, the ``.tfindex``
+matches) and stages its result; write tasks call it right after writing. ``validate_stage``
+then adds the per-shard results up: counts per split, the set of file names per split, and no
+image content in two splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from .. import layout
+from ..config import BuildConfig
+from ..documents import read_json, read_rows, write_json
+from ..errors import BuildError
+from ..example import decode_example
+from ..manifest import FEATURES, example_features, feature_spec
+from ..storage import HashingReader, Storage
+from ..tfrecord import CorruptRecordError, read_records
+from .staging import (
+    CHECKED,
+    LABELS,
+    MANIFEST,
+    MEMBERS,
+    PLAN,
+    RECEIPTS,
+    SHARDS,
+    SPLIT_SUMMARY,
+    Progress,
+    no_progress,
+    staged,
+)
+
+_RECORD_OVERHEAD = 16  # length, its CRC and the data's CRC around each record
+
+
+def _name_hash(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:16], "big")
+
+
+def _set_digest(names: Iterator[str]) -> str:
+    """An order-independent digest of a multiset of names (sum of their hashes mod 2^128)."""
+    return f"{sum(map(_name_hash, names)) % 2**128:032x}"
+
+
+def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress) -> dict[str, Any]:
+    """Re-read a staged shard and check it; stage and return its result."""
+    uri = staged(cfg, SHARDS, shard)
+    with read_rows(storage, staged(cfg, MEMBERS, shard + ".csv")) as rows:
+        members = list(rows)  # one shard's rows: bounded by the shard size
+    count, position, index = 0, 0, []
+    try:
+        with storage.open_read(uri) as stream:
+            raw = HashingReader(stream)
+            try:
+                for count, record in enumerate(read_records(raw, cfg.compression), start=1):  # type: ignore[arg-type]
+                    if count > len(members):
+                        raise BuildError(f"shard {shard} holds more records than the {len(members)} planned")
+                    _check_record(shard, count - 1, record, members[count - 1])
+                    index.append(f"{position} {len(record) + _RECORD_OVERHEAD}\n")
+                    position += len(record) + _RECORD_OVERHEAD
+                    progress(1)
+            except CorruptRecordError as exc:
+                raise BuildError(f"shard {shard} is corrupt: {exc}") from exc
+            raw.drain()
+    except FileNotFoundError:
+        raise BuildError(f"shard {shard} is missing from staging") from None
+    sha, num_bytes = raw.sha256.hexdigest(), raw.num_bytes
+    if count != len(members):
+        raise BuildError(f"shard {shard} holds {count} records, the plan says {len(members)}")
+    receipt = read_json(storage, staged(cfg, RECEIPTS, shard + ".json"))
+    if receipt["sha256"] != sha:
+        raise BuildError(f"shard {shard} changed after it was written (sha256 {sha} != {receipt['sha256']})")
+    try:
+        staged_index = storage.read_bytes(staged(cfg, SHARDS, layout.index_file(shard)))
+    except FileNotFoundError:
+        raise BuildError(f"shard {shard} has no {layout.INDEX_SUFFIX} file in staging") from None
+    if staged_index != "".join(index).encode():
+        raise BuildError(f"the {layout.INDEX_SUFFIX} file of shard {shard} does not match its records")
+    result = {"file": shard, "num_records": count, "num_bytes": num_bytes, "sha256": sha,
+              "names": _set_digest(m["filename"] for m in members)}
+    write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
+    return result
+
+
+def _check_record(shard: str, index: int, record: bytes, member: dict[str, str]) -> None:
+    where = f"shard {shard} record {index}"
+    try:
+        example = decode_example(record)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise BuildError(f"{where} does not parse as a tf.train.Example: {exc}") from exc
+    if set(example) != set(FEATURES):
+        raise BuildError(f"{where} has keys {sorted(example)}, expected {sorted(FEATURES)}")
+    expected = example_features(member, b"")
+    for key, dtype in FEATURES.items():
+        values = example[key]
+        kind = bytes if dtype == "string" else int
+        if len(values) != 1 or not isinstance(values[0], kind):
+            raise BuildError(f"{where}: {key} is not one {dtype}")
+        if key != "image/encoded" and values[0] != expected[key]:
+            raise BuildError(f"{where}: {key} is {values[0]!r}, the plan says {expected[key]!r}")
+    if hashlib.sha256(example["image/encoded"][0]).hexdigest() != member["encoded_sha256"]:  # type: ignore[arg-type]
+        raise BuildError(f"{where}: image bytes do not match what inspection recorded")
+
+
+def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, array[int]]) -> None:
+    """Raise BuildError if any image content is in two splits (8 bytes of memory per record)."""
+    import numpy as np
+
+    seen = {split: np.unique(np.frombuffer(prefixes, dtype=np.uint64)) for split, prefixes in contents.items()}
+    names = sorted(seen)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            shared = np.intersect1d(seen[first], seen[second], assume_unique=True)
+            if not len(shared):
+                continue
+            shared_set = {int(p) for p in shared[:100]}
+            with read_rows(storage, staged(cfg, LABELS)) as rows:
+                where = {r["split"]: r["filename"] for r in rows if int(r["sha256"][:16], 16) in shared_set}
+            if len(where) > 1:  # not only a collision of 64-bit prefixes
+                raise BuildError(f"identical image content in splits {first} and {second} "
+                                 f"({where.get(first)}, {where.get(second)})")
+
+
+def _checked(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress) -> dict[str, Any]:
+    """The staged result of ``validate_shard`` for the shard as it is now, else a fresh check."""
+    try:
+        result = read_json(storage, staged(cfg, CHECKED, shard + ".json"))
+        receipt = read_json(storage, staged(cfg, RECEIPTS, shard + ".json"))
+    except FileNotFoundError:
+        return validate_shard(cfg, storage, shard, progress)
+    try:
+        current = storage.sha256_of(staged(cfg, SHARDS, shard))
+    except FileNotFoundError:
+        current = None
+    if not (result.get("sha256") == receipt.get("sha256") == current):  # rewritten or damaged since checked
+        return validate_shard(cfg, storage, shard, progress)
+    progress(result["num_records"])
+    return result
+
+
+def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_progress) -> dict[str, Any]:
+    """Add up the per-shard checks (checking any shard not checked yet) and stage ``manifest.json``."""
+    plan = read_json(storage, staged(cfg, PLAN))
+    summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
+    counts: Counter[str] = Counter()
+    digests: Counter[str] = Counter()  # per split: sum of name hashes, as _set_digest
+    contents: dict[str, array[int]] = defaultdict(lambda: array("Q"))  # per split: 64-bit sha256 prefixes
+    with read_rows(storage, staged(cfg, LABELS)) as rows:
+        for row in rows:
+            counts[row["split"]] += 1
+            digests[row["split"]] += _name_hash(row["filename"])
+            contents[row["split"]].append(int(row["sha256"][:16], 16))
+    _check_no_content_in_two_splits(cfg, storage, contents)
+    splits: dict[str, Any] = {}
+    for split, shard_files in plan["splits"].items():
+        shards = [_checked(cfg, storage, f, progress) for f in shard_files]
+        total = sum(s["num_records"] for s in shards)
+        expected = summary["splits"][split]["num_records"]
+        if total != expected or total != counts[split]:
+            raise BuildError(f"split {split} holds {total} records, labels.csv says {expected}")
+        if sum(int(s["names"], 16) for s in shards) % 2**128 != digests[split] % 2**128:
+            raise BuildError(f"split {split}: the records in its shards are not the ones labels.csv lists")
+        splits[split] = {"num_records": total, "shards": [
+            {key: s[key] for key in ("file", "num_records", "num_bytes", "sha256")} for s in shards]}
+    manifest = {
+        "dataset": cfg.dataset, "version": cfg.version, "num_records": summary["num_records"],
+        "num_rejected": summary["num_rejected"], "num_skipped": summary["num_skipped"],
+        "skipped_by_kind": summary.get("skipped_by_kind", {}), "rejects_by_reason": summary["rejects_by_reason"],
+        "classes": summary["classes"],
+        "previous_version": summary["previous_version"], "source_fingerprint": summary["source_fingerprint"],
+        "as_of": cfg.as_of,
+        "compression": cfg.compression, "features": feature_spec(), "splits": splits,
+        "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
+                                         "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
+                                         "max_pixels": cfg.max_pixels},
+    }
+    write_json(storage, staged(cfg, MANIFEST), manifest)
+    return {"num_records": manifest["num_records"], "num_shards": sum(len(s["shards"]) for s in splits.values())}

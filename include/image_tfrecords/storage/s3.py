@@ -1,0 +1,243 @@
+"""``S3Store``: objects under ``s3://bucket/key`` URIs, through a boto3 client from a factory.
+
+The factory decides where credentials come from: the Airflow connection inside Airflow, boto3's
+standard environment on the command line (``default_s3_client``). Every write is a single PUT that
+carries a SHA-256 the server verifies (a mismatch is rejected, never stored). Every call has a
+deadline and its failures become one line naming endpoint and bucket (see ``deadlines``).
+``IMAGE_TFRECORDS_S3_TIMEOUT_SECONDS`` (default 60) is the read timeout of the command line's client
+(connect: the lesser of it and 10 s; 5 attempts at most).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+from ..errors import StorageError
+from .base import FileInfo, Store, from_s3_checksum, join, sha256_bytes, split_s3, to_s3_checksum
+from .deadlines import (
+    BODY_CHUNK,
+    TIMEOUT_ENV,
+    DeadlineBody,
+    body_size,
+    deadline_seconds,
+    error_code,
+    is_missing,
+    network_errors,
+    translate,
+    within,
+)
+
+ClientFactory = Callable[[], Any]
+_CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+def default_s3_client() -> Any:
+    """A boto3 S3 client from the standard environment (``AWS_*`` variables, config files).
+
+    With ``AWS_ENDPOINT_URL`` set (MinIO, SeaweedFS) path-style addressing is used, which every
+    S3-compatible server supports; ``AWS_S3_ADDRESSING_STYLE`` overrides it.
+    """
+    import boto3
+    from botocore.config import Config
+
+    style = os.environ.get("AWS_S3_ADDRESSING_STYLE") or (
+        "path" if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") else "auto"
+    )
+    timeout = float(os.environ.get(TIMEOUT_ENV, "60"))
+    config = Config(
+        s3={"addressing_style": style},
+        retries={"mode": "standard", "max_attempts": 5},
+        connect_timeout=min(10.0, timeout),
+        read_timeout=timeout,
+    )
+    # A session of its own: the default one caches the credentials it first found in the environment.
+    return boto3.session.Session().client("s3", config=config, region_name=os.environ.get("AWS_REGION", "us-east-1"))
+
+
+def _folder(prefix: str) -> str:
+    """A listing prefix for the key ``prefix``: ``a/b`` -> ``a/b/``; the bucket's root -> ``""``."""
+    return prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+
+class S3Store(Store):
+    """Objects in S3 (or an S3-compatible server); the client is made on first use."""
+
+    def __init__(self, client_factory: ClientFactory | None = None) -> None:
+        self._factory = client_factory or default_s3_client
+        self._client: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:  # clients do not pickle; each process makes its own
+        return {"_factory": self._factory, "_client": None}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._factory()
+        return self._client
+
+    def prime(self) -> None:
+        _ = self.client
+
+    def _call(self, uri: str, method: str, **kwargs: Any) -> Any:
+        """One client call under its deadline; errors translated (see ``translate``); a streaming
+        ``Body`` in the result is wrapped so that reading it has a deadline too."""
+        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.parsers import ResponseParserError
+
+        client = self.client
+        try:
+            result = within(deadline_seconds(body_size(kwargs.get("Body"))), getattr(client, method), **kwargs)
+        except (ClientError, BotoCoreError, ResponseParserError, *network_errors()) as exc:
+            raise (translate(exc, uri, client) or exc) from exc
+        if isinstance(result, dict) and hasattr(result.get("Body"), "read"):
+            result["Body"] = DeadlineBody(result["Body"], uri, client)
+        return result
+
+    def _pages(self, uri: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """The pages of a ListObjectsV2 of ``uri``'s bucket, each fetched under the deadline; errors
+        translated."""
+        bucket, _ = split_s3(uri)
+        try:
+            pages = iter(self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, **kwargs))
+            while (page := within(deadline_seconds(), next, pages, None)) is not None:
+                yield page
+        except Exception as exc:
+            raise (translate(exc, uri, self.client) or exc) from exc
+
+    # -- listing ---------------------------------------------------------------------------------
+    def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:
+        prefix = _folder(split_s3(uri)[1])
+        for page in self._pages(uri, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                key = obj["Key"][len(prefix) :]
+                if not key.endswith("/"):
+                    yield FileInfo(key, obj["Size"], obj["LastModified"])
+                elif everything:  # an empty "folder/" object is a console's folder marker
+                    kind = "folder_marker" if not obj["Size"] else "file"
+                    yield FileInfo(key, obj["Size"], obj["LastModified"], kind)
+
+    def list_children(self, uri: str) -> tuple[list[str], list[str]]:
+        prefix = _folder(split_s3(uri)[1])
+        folders: list[str] = []
+        files: list[str] = []
+        for page in self._pages(uri, Prefix=prefix, Delimiter="/"):
+            folders += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            files += [o["Key"][len(prefix):] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+        return sorted(folders), sorted(files)
+
+    # -- reading ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def open_source(self, source: str, key: str) -> Iterator[tuple[BinaryIO, int]]:
+        with self.open_read(join(source, key)) as body:
+            yield body, -1  # the listing knows the size
+
+    def exists(self, uri: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            self._call(uri, "head_object", Bucket=bucket, Key=key)
+            return True
+        except ClientError as exc:
+            if is_missing(exc):
+                return False
+            raise
+
+    def _get(self, uri: str) -> dict[str, Any] | None:
+        """The GetObject answer (its body under the deadline), None if there is no such object."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            return self._call(uri, "get_object", Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if is_missing(exc):
+                return None
+            raise
+
+    @contextlib.contextmanager
+    def open_read(self, uri: str) -> Iterator[BinaryIO]:
+        obj = self._get(uri)
+        if obj is None:
+            raise FileNotFoundError(uri)
+        body = obj["Body"]
+        try:
+            yield body
+        finally:
+            body.close()
+
+    def download(self, uri: str, path: str) -> None:
+        bucket, key = split_s3(uri)
+        body = self._call(uri, "get_object", Bucket=bucket, Key=key)["Body"]
+        with open(path, "wb") as f:
+            while chunk := body.read(BODY_CHUNK):
+                f.write(chunk)
+
+    def sha256_of(self, uri: str) -> str | None:
+        """The SHA-256 S3 holds for the object (None for a multipart object or one stored without)."""
+        bucket, key = split_s3(uri)
+        head = self._call(uri, "head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        return from_s3_checksum(head.get("ChecksumSHA256"))
+
+    def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
+        """Content and ETag; (None, None) if absent."""
+        obj = self._get(uri)
+        if obj is None:
+            return None, None
+        return obj["Body"].read(), obj["ETag"]
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _put(self, uri: str, body: bytes | BinaryIO, sha256: str, **kwargs: Any) -> None:
+        bucket, key = split_s3(uri)
+        self._call(uri, "put_object", Bucket=bucket, Key=key, Body=body, ChecksumSHA256=to_s3_checksum(sha256),
+                   **kwargs)
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        self._put(uri, data, sha256_bytes(data))
+
+    def upload(self, path: str, uri: str, sha256: str) -> None:
+        with open(path, "rb") as body:
+            self._put(uri, body, sha256)
+
+    def write_if_unchanged(self, uri: str, data: bytes, tag: str | None) -> bool:
+        """A conditional PUT: ``If-Match`` the ETag ``tag``, or ``If-None-Match: *`` for None."""
+        from botocore.exceptions import ClientError
+
+        condition = {"IfMatch": tag} if tag else {"IfNoneMatch": "*"}
+        try:
+            self._put(uri, data, sha256_bytes(data), **condition)
+        except ClientError as exc:
+            if error_code(exc) in _CONFLICT_CODES:
+                return False
+            raise
+        return True
+
+    def copy(self, src: str, dst: str, sha256: str | None = None) -> None:
+        """A server-side copy; with ``sha256``, checked against the SHA-256 S3 computes for the copy."""
+        (sbucket, skey), (dbucket, dkey) = split_s3(src), split_s3(dst)
+        result = self._call(dst, "copy_object", Bucket=dbucket, Key=dkey, CopySource={"Bucket": sbucket, "Key": skey},
+                            ChecksumAlgorithm="SHA256")
+        if sha256 is None:
+            return
+        held = from_s3_checksum(result.get("CopyObjectResult", {}).get("ChecksumSHA256")) or self.sha256_of(dst)
+        if held != sha256:
+            raise StorageError(f"copy of {src} to {dst} has sha256 {held}, expected {sha256}")
+
+    def delete(self, uri: str) -> None:
+        bucket, key = split_s3(uri)
+        self._call(uri, "delete_object", Bucket=bucket, Key=key)
+
+    def delete_tree(self, uri: str) -> None:
+        """DeleteObjects of every key below ``uri``, 1000 at a time."""
+        bucket, _ = split_s3(uri)
+        batch: list[dict[str, str]] = []
+        for info in self.iter_files(uri):
+            batch.append({"Key": split_s3(join(uri, info.key))[1]})
+            if len(batch) == 1000:
+                self._call(uri, "delete_objects", Bucket=bucket, Delete={"Objects": batch})
+                batch = []
+        if batch:
+            self._call(uri, "delete_objects", Bucket=bucket, Delete={"Objects": batch})
