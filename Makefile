@@ -34,9 +34,10 @@ bench: install
 
 # Re-pin after editing requirements.in or requirements-dev.in. Pins already in the .txt files are
 # kept unless the inputs force a change; LOCK_ARGS="--upgrade-package NAME" (or "--upgrade") moves
-# them. The dev lock is constrained by requirements.txt, so the two never disagree. Both are for
-# CPython 3.11 on Linux (the image's python3.11; 3.11.7 is the oldest patch release the pins allow)
-# whatever Python or OS runs this, and list the hashes of every file PyPI has for each pin.
+# them. The dev lock is constrained by requirements.txt, so the two never disagree. Both resolve
+# for CPython 3.11.7+ on Linux (the image's python3.11 and this project's machines; some pins, e.g.
+# soupsieve 4, need 3.11.5+) whatever Python or OS runs this, and hold the hashes of every file
+# PyPI has for each pin (the x86-64 and arm64 wheels included).
 UV_VERSION := 0.13.8
 LOCK_ARGS ?=
 UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11.7 \

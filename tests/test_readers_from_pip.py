@@ -33,6 +33,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,7 @@ def _tail(proc: subprocess.CompletedProcess[str], lines: int = 60) -> str:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
     tmp = tmp_path_factory.mktemp("readers")
     base = getattr(sys, "_base_executable", sys.executable)  # sys.executable may be the dev venv's
     root = tmp / "venv"
@@ -163,7 +164,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     print(f"[readers] installed: {installed}")
     assert installed["file"].startswith(str(root)), "image_tfrecords must come from the fresh venv"
     assert installed["cuda"] is None, "torch should be a CPU build"
-    return venv
+    yield venv
+    shutil.rmtree(root, ignore_errors=True)  # ~2.8 GB; pytest keeps its last three temporary folders
 
 
 # -- the dataset ------------------------------------------------------------------------------
@@ -352,7 +354,8 @@ def test_pytorch_reads_each_record_once(venv: Venv, published: Published, tf_ref
         image = Image.open(io.BytesIO(record["image/encoded"]))
         image.load()
         print("RESULT " + json.dumps({"train": seen, "shapes": sorted(shapes), "first": first, "one": one,
-                                      "without_index": twice, "decoded": [image.format, image.mode, *image.size]}))
+                                      "without_index": twice, "decoded": [record["image/filename"].decode(),
+                                                                          image.format, image.mode, *image.size]}))
     """, tmp_path)
     train = published.manifest["splits"]["train"]
     expected = Counter((r["filename"], int(r["label_id"])) for r in published.rows("train"))
@@ -365,8 +368,8 @@ def test_pytorch_reads_each_record_once(venv: Venv, published: Published, tf_ref
     assert Counter(map(tuple, result["one"])) == Counter(map(tuple, tf_reference[shard]))  # once each
     # What the index files fix: without one, each of the 2 workers reads the whole shard.
     assert Counter(result["without_index"]) == Counter({name: 2 for name, _ in tf_reference[shard]})
-    fmt, mode, width, height = result["decoded"]
-    row = next(r for r in published.labels if r["filename"] == tf_reference[shard][0][0])
+    filename, fmt, mode, width, height = result["decoded"]  # a record of the shard (a random one: no workers)
+    row = next(r for r in published.labels if r["filename"] == filename)
     assert (fmt, width, height) == (row["format"].upper(), int(row["width"]), int(row["height"]))
     assert mode in ("L", "RGB", "RGBA")
 
