@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
-from image_tfrecords import card_charts
+from image_tfrecords import card_render
 from image_tfrecords.card import PreviousVersion, build_card
 from image_tfrecords.manifest import LABELS_FIELDS, feature_spec
 from tests.test_cli import run_cli
@@ -222,8 +222,8 @@ def test_samples_are_the_smallest_sha_rows_of_each_class() -> None:
                                                      key=lambda r: r["sha256"])[:6]] for name in ("cats", "dogs")}
     assert fetched == expected["cats"] + expected["dogs"]
     for cid, name in enumerate(("cats", "dogs")):
-        thumbs = [card_charts.thumbnail(images[f]) for f in expected[name]]
-        assert out[f"card/samples/class-{cid:05d}.png"] == card_charts.thumbnail_strip(thumbs)
+        thumbs = [card_render.thumbnail(images[f]) for f in expected[name]]
+        assert out[f"card/samples/class-{cid:05d}.png"] == card_render.thumbnail_strip(thumbs)
 
 
 def test_missing_or_undecodable_images_are_skipped() -> None:
@@ -235,8 +235,8 @@ def test_missing_or_undecodable_images_are_skipped() -> None:
         return None if row["label"] == "dogs" or row["filename"] == cats[0] else images[row["filename"]]
 
     out = render(make_manifest(rows, CLASSES), rows, images, fetch=fetch)
-    thumbs = [card_charts.thumbnail(images[f]) for f in cats[2:8]]
-    assert out["card/samples/class-00000.png"] == card_charts.thumbnail_strip(thumbs)
+    thumbs = [card_render.thumbnail(images[f]) for f in cats[2:8]]
+    assert out["card/samples/class-00000.png"] == card_render.thumbnail_strip(thumbs)
     assert "card/samples/class-00001.png" not in out
     _, samples = md_table(out["card.md"].decode(), "## Samples")
     assert samples[1] == ["1", "dogs", "no image available"]
@@ -374,8 +374,8 @@ def test_card_of_a_real_build(two_builds: tuple[Path, Path], sample_dir: Path) -
     for cid, name in enumerate(manifest["classes"]):
         smallest = sorted(r["sha256"] for r in labels if r["label"] == name)[:6]
         by_sha = {r["sha256"]: r["filename"] for r in labels}
-        thumbs = [card_charts.thumbnail((sample_dir / by_sha[sha]).read_bytes()) for sha in smallest]
-        assert out[f"card/samples/class-{cid:05d}.png"] == card_charts.thumbnail_strip(thumbs)
+        thumbs = [card_render.thumbnail((sample_dir / by_sha[sha]).read_bytes()) for sha in smallest]
+        assert out[f"card/samples/class-{cid:05d}.png"] == card_render.thumbnail_strip(thumbs)
     assert "No files were rejected." in md and "This is the first version of the dataset" in md
     assert_self_contained(out)
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from image_tfrecords.probe import MAX_JPEG_SCANS, RejectedImage, inspect_image, prepare_image, stored_bytes
+from image_tfrecords.jpeg_markers import MAX_JPEG_SCANS
+from image_tfrecords.probe import RejectedImage, inspect_image, prepare_image, stored_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,7 +195,7 @@ def test_png_streams_are_checked_row_by_row(interlace: int) -> None:
     image.save(buf, "PNG", **({"interlace": 1} if interlace else {}))  # Pillow ignores interlace: made below
     width, height = 37, 23
     if interlace:
-        from image_tfrecords.probe import _row_layout
+        from image_tfrecords.png_stream import _row_layout
 
         layout = _row_layout(width, height, 24, True)
         raw = b"".join(b"\0" + bytes(stride - 1) for _, stride, rows in layout for _ in range(rows))

@@ -7,6 +7,10 @@ is not retryable and lets Airflow retry the others. Anything else is a bug and k
 
 from __future__ import annotations
 
+import re
+
+_OBJECT_REPR = re.compile(r" ?<[^<>]* at 0x[0-9a-fA-F]+>")
+
 
 class ImageTfrecordsError(Exception):
     """Base of every error meant for the user. ``retryable``: whether a later attempt may succeed."""
@@ -48,3 +52,14 @@ class NotPublishedError(ImageTfrecordsError, ValueError):
 
 class ShardChecksumError(ImageTfrecordsError, ValueError):
     """A shard's bytes do not hash to the SHA-256 the manifest lists."""
+
+
+class RejectedImage(Exception):
+    """A file that will not become a record (a row of rejects.csv, not an error): ``reason`` is a short
+    machine-readable word."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        detail = _OBJECT_REPR.sub("", detail)  # no memory addresses: rejects.csv must be reproducible
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
-import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from .errors import RejectedImage
+from .jpeg_markers import jpeg_for_pillow
+from .png_stream import check_png_stream
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
 _JPEG_CHANNELS = {"L": 1, "RGB": 3}
@@ -51,31 +52,8 @@ _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 
 _PNG_KEEP = frozenset({"1", "L", "LA", "RGB", "RGBA", "P", "I;16", "I;16B"})
 _PNG_CONVERT = {"CMYK": "RGB", "YCbCr": "RGB", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "RGBX": "RGB"}
 MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
-MAX_JPEG_SCANS = 100  # real encoders write 1 (baseline) to ~10 (progressive) scans
-_INFLATE_PIECE = 1 << 20
-# Finding JPEG markers: a run of 0xFF (fill bytes) and the byte after it; the look-behind makes a search
-# start only at a run's first 0xFF, so that long runs cost linear time.
-_FF_RUN = re.compile(rb"\xff++(.)", re.S)
-_NEXT_MARKER = re.compile(rb"\xff(?<!\xff\xff)\xff*+([^\x00])")  # between segments 0xFF00 is skipped
-_SCAN_END = re.compile(rb"\xff(?<!\xff\xff)\xff*+([^\x00\xd0-\xd7])")  # in a scan 0xFF00 is data, RSTn a restart
-_SCAN_DATA = bytes((0, *range(0xD0, 0xD8)))
-_STANDALONE = frozenset((0x01, 0xD8, *range(0xD0, 0xD8)))  # TEM, SOI, RSTn: no length follows
-# Adam7 passes: (x start, y start, x step, y step)
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 JPEG_QUALITY = 95
 _ORIENTATION = 0x0112
-_OBJECT_REPR = re.compile(r" ?<[^<>]* at 0x[0-9a-fA-F]+>")
-_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # samples per pixel by IHDR colour type
-
-
-class RejectedImage(Exception):
-    """A file that will not become a record; ``reason`` is a short machine-readable word."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        detail = _OBJECT_REPR.sub("", detail)  # no memory addresses: rejects.csv must be reproducible
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -116,7 +94,7 @@ def _open(data: bytes, fmt: str, max_pixels: int) -> Any:
     from PIL import Image
 
     Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked here before decoding
-    image = Image.open(io.BytesIO(_jpeg_for_pillow(data) if fmt == "jpeg" else data), formats=[fmt.upper()])
+    image = Image.open(io.BytesIO(jpeg_for_pillow(data) if fmt == "jpeg" else data), formats=[fmt.upper()])
     width, height = image.size
     if width <= 0 or height <= 0:
         raise RejectedImage("corrupt", f"bad dimensions {width}x{height}")
@@ -138,7 +116,7 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
         if fmt != "jpeg" and getattr(image, "is_animated", False):
             raise RejectedImage("multi_frame", f"{fmt} with more than one frame")
         if fmt == "png":
-            _check_png_stream(data)
+            check_png_stream(data)
             return image, size
         if fmt == "jpeg":
             image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
@@ -148,156 +126,6 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
         raise
     except Exception as exc:  # Pillow raises many types for broken data
         raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
-
-
-def _jpeg_markers(data: bytes) -> Iterator[tuple[int, int, int]]:
-    """(marker, start, end) of each marker of the primary image after SOI, up to its EOI.
-
-    Markers are found as libjpeg finds them: 0xFF fill bytes before a marker are skipped, and in the
-    entropy-coded data after an SOS, 0xFF 0x00 (a stuffed data byte) and RSTn do not end the scan.
-    A segment's payload is skipped by its length, so marker-like bytes in it (an EXIF thumbnail's
-    SOS and EOI) are not markers. Regular expressions keep it at C speed (a few ms per 10 MB)."""
-    pos, in_scan = 2, False
-    while (found := _find_marker(data, pos, in_scan)) is not None:
-        marker, start = found[1][0], found.start(1) - 1
-        if marker == 0xD9:  # EOI: what follows (MPO secondary images, trailers) is not this image
-            yield marker, start, start + 2
-            return
-        end = start + 2 if marker in _STANDALONE else start + 2 + int.from_bytes(data[start + 2:start + 4], "big")
-        yield marker, start, end
-        pos, in_scan = end, marker == 0xDA
-
-
-def _find_marker(data: bytes, pos: int, in_scan: bool) -> re.Match[bytes] | None:
-    """The next marker from ``pos``: a run of 0xFF and the byte that ends it, which must not be one
-    of the bytes that are data there (0x00, and RSTn inside a scan)."""
-    data_bytes = _SCAN_DATA if in_scan else b"\x00"
-    if data[pos:pos + 1] == b"\xff":  # a run starting at pos: the search's look-behind would see the byte before
-        run = _FF_RUN.match(data, pos)
-        if run is None or run[1] not in data_bytes:
-            return run
-        pos = run.end()
-    return (_SCAN_END if in_scan else _NEXT_MARKER).search(data, pos)
-
-
-def _pillow_fails_on(marker: int, payload: bytes) -> bool:
-    """Header markers libjpeg (so TensorFlow) ignores or skips, on which Pillow's parser raises."""
-    return (marker == 0x01  # TEM: a marker without a length
-            or (marker == 0xE0 and payload.startswith(b"JFIF") and len(payload) < 7)
-            or (marker == 0xEE and payload.startswith(b"Adobe") and len(payload) < 7)
-            or (marker == 0xE2 and payload.startswith(b"ICC_PROFILE\0") and len(payload) < 14))
-
-
-def _jpeg_for_pillow(data: bytes) -> bytes:
-    """Check a JPEG's structure and return the bytes Pillow should parse.
-
-    More than MAX_JPEG_SCANS scans (SOS markers) in the primary image is ``too_complex``: each scan is a
-    pass over the whole image. Header segments that libjpeg ignores but Pillow fails on (a cut-short
-    JFIF, Adobe or ICC segment, a TEM marker) are renamed to an APP15 Pillow does not parse (TEM to fill
-    bytes): same length, same offsets, same scans, and the stored bytes stay the file's."""
-    scans, patches = 0, []
-    for marker, start, end in _jpeg_markers(data):
-        scans += marker == 0xDA
-        if scans > MAX_JPEG_SCANS:
-            raise RejectedImage("too_complex", f"JPEG with more than {MAX_JPEG_SCANS} scans (SOS markers): "
-                                               "every scan is a pass over the whole image")
-        if not scans and _pillow_fails_on(marker, data[start + 4:end]):
-            patches.append(start + 1)
-    if not patches:
-        return data
-    patched = bytearray(data)
-    for at in patches:
-        patched[at] = 0xFF if patched[at] == 0x01 else 0xEF
-    return bytes(patched)
-
-
-def _row_layout(width: int, height: int, bits_per_pixel: int, interlaced: bool) -> list[tuple[int, int, int]]:
-    """(offset, stride, rows) of each block of rows in the inflated image data: one block, or one per
-    non-empty Adam7 pass. Each row is a filter byte plus its samples."""
-    passes = _ADAM7 if interlaced else ((0, 0, 1, 1),)
-    layout, offset = [], 0
-    for x0, y0, dx, dy in passes:
-        columns, rows = (width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy
-        if columns <= 0 or rows <= 0:
-            continue  # an empty pass has no rows, not even filter bytes
-        stride = 1 + (columns * bits_per_pixel + 7) // 8
-        layout.append((offset, stride, rows))
-        offset += stride * rows
-    return layout
-
-
-class _RowChecker:
-    """Checks the filter byte of every row as inflated pieces of image data stream by."""
-
-    def __init__(self, layout: list[tuple[int, int, int]]) -> None:
-        self.layout = layout
-        self.expected = sum(stride * rows for _, stride, rows in layout)
-        self.seen = 0
-
-    def feed(self, piece: bytes) -> None:
-        import numpy as np
-
-        start, end = self.seen, self.seen + len(piece)
-        values = np.frombuffer(piece, np.uint8)
-        for offset, stride, rows in self.layout:
-            first = max(0, -(-(start - offset) // stride))
-            last = min(rows, -(-(end - offset) // stride))
-            if first < last and values[offset + first * stride - start:offset + last * stride - start:stride].max() > 4:
-                raise RejectedImage("corrupt", "PNG row with an unknown filter type")
-        self.seen = end
-
-
-def _check_png_stream(data: bytes) -> None:
-    """Check a PNG the way libpng reads it, without unfiltering pixels and in bounded memory.
-
-    Every critical chunk's CRC, an IEND chunk, IDAT that inflates (zlib's Adler-32 included) to at
-    least one filter byte plus one row of samples per row, for each Adam7 pass when interlaced
-    (more is ignored, as libpng does), and valid filter types. IDAT is inflated 1 MB at a time as
-    its chunks come, so a small file that inflates to a gigabyte costs a megabyte. ISA-L inflates
-    about 6x faster than a full decode.
-    """
-    from isal import isal_zlib
-
-    view = memoryview(data)
-    pos, idat, header = 8, [], b""
-    while True:
-        if pos + 12 > len(data):
-            raise RejectedImage("corrupt", "PNG ends before its IEND chunk")
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        end = pos + 8 + length
-        if end + 4 > len(data):
-            raise RejectedImage("corrupt", f"PNG chunk {kind!r} is cut short")
-        critical = not kind[0] & 0x20  # libpng fails on a critical chunk's bad CRC, skips an ancillary one
-        if critical and isal_zlib.crc32(data[pos + 4:end]) != struct.unpack_from(">I", data, end)[0]:
-            raise RejectedImage("corrupt", f"PNG chunk {kind!r} fails its CRC")
-        if kind == b"IHDR":
-            header = data[pos + 8:end]
-        elif kind == b"IDAT":
-            idat.append(view[pos + 8:end])
-        elif kind == b"IEND":
-            break
-        pos = end + 4
-    width, height, depth, colour, _, _, interlace = struct.unpack_from(">IIBBBBB", header)
-    rows = _RowChecker(_row_layout(width, height, depth * _PNG_SAMPLES[colour], interlace == 1))
-    inflater = isal_zlib.decompressobj()
-    for chunk in idat:  # data past the last row: libpng skips it, so do we, 1 MB at a time, to the Adler-32
-        pending: Any = chunk
-        while len(pending) and not inflater.eof:
-            wanted = min(_INFLATE_PIECE, rows.expected - rows.seen) if rows.seen < rows.expected else _INFLATE_PIECE
-            piece = inflater.decompress(pending, wanted)
-            if rows.seen < rows.expected:
-                rows.feed(piece[:rows.expected - rows.seen])
-            pending = inflater.unconsumed_tail
-            if not piece and not len(pending):
-                break
-    while not inflater.eof and (piece := inflater.decompress(b"", _INFLATE_PIECE)):  # output held back
-        if rows.seen < rows.expected:
-            rows.feed(piece[:rows.expected - rows.seen])
-    if rows.seen < rows.expected:
-        raise RejectedImage("corrupt", f"PNG image data holds {rows.seen} bytes, not the {rows.expected} "
-                                       f"its {width}x{height} header needs")
-    if not inflater.eof:
-        raise RejectedImage("corrupt", "PNG image data ends before its zlib stream does")
 
 
 def _channels(fmt: str, image: Any) -> int:
