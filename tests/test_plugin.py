@@ -69,7 +69,7 @@ def store(s3_server: S3Server, sample_dir: Path, tmp_path_factory: pytest.TempPa
     publish(s3_server, sample_dir, root, "shapes", "v10")
     shapes = f"{root}/shapes"
     drop_card(s3_server, storage, f"{shapes}/v1")
-    storage.write_bytes(f"{shapes}/v11/dataset_info.json", storage.read_bytes(f"{shapes}/v10/dataset_info.json"))
+    storage.write_bytes(f"{shapes}/v11/manifest.json", storage.read_bytes(f"{shapes}/v10/manifest.json"))
     storage.write_bytes(f"{shapes}/v11/card.html", b"<h1>unpublished</h1>")
     storage.write_bytes(f"{shapes}/_staging/v12/plan.json", b"{}")
     storage.write_bytes(f"{root}/empty/_staging/v1/plan.json", b"{}")
@@ -106,7 +106,7 @@ def test_index_lists_published_versions_newest_first(client: TestClient, store: 
     assert versions_shown(html) == ["v10", "v2", "v1"]  # natural order: v10 after v2; v11 is unpublished
     assert re.findall(r'<h2 class="dataset"[^>]*>(\w+)', html) == ["shapes"]  # "empty" holds only _staging/
     assert "_staging" not in html and "v12" not in html
-    manifest = json.loads(store["storage"].read_bytes(f"{store['shapes']}/v10/dataset_info.json"))
+    manifest = json.loads(store["storage"].read_bytes(f"{store['shapes']}/v10/manifest.json"))
     newest = row(html, "v10")
     assert '<td class="num records">60</td>' in newest
     assert '<td class="num rejected">0</td>' in newest
@@ -145,7 +145,9 @@ def test_card_and_allowed_files_are_served(client: TestClient, store: dict) -> N
     expected = {
         "card.html": "text/html; charset=utf-8",
         "card.md": "text/markdown; charset=utf-8",
-        "dataset_info.json": "application/json",
+        "manifest.json": "application/json",
+        "dataset_info.json": "application/json",  # TFDS's metadata
+        "features.json": "application/json",
         "labels.csv": "text/csv; charset=utf-8",
         "rejects.csv": "text/csv; charset=utf-8",
         **{png: "image/png" for png in pngs},
@@ -161,16 +163,16 @@ def test_card_and_allowed_files_are_served(client: TestClient, store: dict) -> N
     "/datasets/0/shapes/v10/train-00000-of-00001.tfrecord",  # shards are not served
     "/datasets/0/shapes/v10/_SUCCESS",
     "/datasets/0/shapes/v10/plan.json",
-    "/datasets/0/shapes/v11/dataset_info.json",  # not published
+    "/datasets/0/shapes/v11/manifest.json",  # not published
     "/datasets/0/shapes/v11/card",
     "/datasets/0/shapes/v1/card",  # published, without a card
     "/datasets/0/shapes/v1/card/records.png",
     "/datasets/0/shapes/v2/card/missing.png",
     "/datasets/0/shapes/v2/card/records.txt",
     "/datasets/0/shapes/_staging/card",
-    "/datasets/0/_staging/v12/dataset_info.json",
+    "/datasets/0/_staging/v12/manifest.json",
     "/datasets/0/shapes/v2/..%2F..%2Flatest.json",
-    "/datasets/0/shapes/v2/%2E%2E/dataset_info.json",
+    "/datasets/0/shapes/v2/%2E%2E/manifest.json",
     "/datasets/0/shapes/..%2Fshapes/v2/card",
     "/datasets/0/..%2F..%2Fetc/passwd/card",
     "/datasets/0/shapes/v2/card/..%2F..%2Fv10%2Fcard.html",
@@ -201,8 +203,26 @@ def test_several_roots_local_and_s3(store: dict, s3_server: S3Server, sample_dir
     with TestClient(app) as client:
         html = client.get("/").text
         assert versions_shown(html) == ["v10", "v2", "v1", "20260101T000000Z"]
-        assert 'href="/datasets/1/local/20260101T000000Z/dataset_info.json"' in html
-        manifest = client.get("/datasets/1/local/20260101T000000Z/dataset_info.json")
+        assert 'href="/datasets/1/local/20260101T000000Z/manifest.json"' in html
+        manifest = client.get("/datasets/1/local/20260101T000000Z/manifest.json")
+        assert manifest.status_code == 200 and manifest.json()["num_records"] == 3
+
+
+def test_a_version_published_with_the_old_manifest_name_is_listed_and_served(sample_dir: Path, tmp_path: Path) -> None:
+    """Versions before 0.2.0 named our manifest dataset_info.json (no TFDS files beside it)."""
+    run = run_cli("build", "--source", str(subset(sample_dir, tmp_path / "src", 1)), "--destination",
+                  str(tmp_path / "out"), "--dataset", "old", "--version", "v1", "--workers", "1", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    version = tmp_path / "out" / "old" / "v1"
+    for tfds_file in ("dataset_info.json", "features.json", "image.class.label.labels.txt"):
+        (version / tfds_file).unlink()
+    (version / "manifest.json").rename(version / "dataset_info.json")
+    app = create_app([str(tmp_path / "out")], Storage)
+    with TestClient(app) as client:
+        html = client.get("/").text
+        assert versions_shown(html) == ["v1"] and "is missing or invalid" not in html
+        assert 'href="/datasets/0/old/v1/dataset_info.json"' in html
+        manifest = client.get("/datasets/0/old/v1/dataset_info.json")
         assert manifest.status_code == 200 and manifest.json()["num_records"] == 3
 
 
@@ -212,7 +232,7 @@ def test_no_credential_or_endpoint_in_any_response(store: dict, s3_server: S3Ser
     closed = S3Server("http://127.0.0.1:9", "nobody", "nobody-secret")  # nothing listens on port 9
     cases = [
         (s3_server, [store["root"]], ["/", "/datasets/0/shapes", "/datasets/0/shapes/v2/card",
-                                      "/datasets/0/shapes/v10/dataset_info.json", "/datasets/0/shapes/v11/card"]),
+                                      "/datasets/0/shapes/v10/manifest.json", "/datasets/0/shapes/v11/card"]),
         (s3_server, ["s3://no-such-bucket-here/x"], ["/", "/datasets/0/shapes", "/datasets/0/shapes/v2/card"]),
         (wrong, [store["root"]], ["/", "/datasets/0/shapes", "/datasets/0/shapes/v2/card"]),
         (closed, [store["root"]], ["/", "/datasets/0/shapes/v2/card"]),

@@ -2,7 +2,7 @@
 
 Pure Python (no Airflow import). Listings are cheap: one delimiter listing per destination root
 and per dataset (folders only, never the shard keys), then for each version shown a HEAD of
-``_SUCCESS`` and ``card.html`` and a GET of ``dataset_info.json``, several versions at a time.
+``_SUCCESS`` and ``card.html`` and a GET of the manifest, several versions at a time.
 Only published versions (with ``_SUCCESS``) are listed or served; ``_staging/`` never is, since
 names must start with a letter or digit.
 """
@@ -18,19 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import DEFAULT_DESTINATION
+from .layout import LATEST, LEGACY_MANIFEST, MANIFEST, SUCCESS, is_name, manifest_uri, read_latest, version_key
 from .manifest import ordered_splits
-from .stages import LATEST, MANIFEST, SUCCESS, version_key
 from .storage import Storage, StorageError, StoreUnreachable, is_s3, join
 
 DESTINATION_ENV = "IMAGE_TFRECORDS_DESTINATION"
-DEFAULT_DESTINATION = "s3://datasets/image-tfrecords"  # the DAG's default too
 CARD = "card.html"
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # dataset and version names (as config.py allows)
 CARD_IMAGE = re.compile(r"card(/[A-Za-z0-9][A-Za-z0-9._-]{0,199}){1,3}\.png")  # card/x.png, card/samples/y.png
 CONTENT_TYPES = {
     "card.html": "text/html; charset=utf-8",
     "card.md": "text/markdown; charset=utf-8",
-    "dataset_info.json": "application/json",
+    MANIFEST: "application/json",
+    LEGACY_MANIFEST: "application/json",  # our manifest in versions before 0.2.0, TFDS's metadata after
+    "features.json": "application/json",
     "labels.csv": "text/csv; charset=utf-8",
     "rejects.csv": "text/csv; charset=utf-8",
 }
@@ -56,6 +57,7 @@ class VersionInfo:
     has_card: bool
     as_of: str | None = None
     error: str | None = None  # the manifest could not be read
+    manifest_file: str = MANIFEST  # manifest.json, or dataset_info.json in versions before 0.2.0
 
 
 @dataclass
@@ -86,11 +88,6 @@ def destination_roots(value: str | None = None) -> list[str]:
     return roots or [DEFAULT_DESTINATION]
 
 
-def is_name(text: str) -> bool:
-    """A dataset or version name as the pipeline allows it: no separators, no ``..``, no ``_staging``."""
-    return bool(NAME.fullmatch(text))
-
-
 def content_type(path: str) -> str | None:
     """The content type of a servable file of a version (``card.md``, ``card/x.png``, ...), None if not served."""
     if CARD_IMAGE.fullmatch(path):
@@ -116,15 +113,6 @@ def list_children(storage: Storage, uri: str) -> tuple[list[str], list[str]]:
     return storage.list_children(uri)
 
 
-def read_latest(storage: Storage, dataset_uri: str) -> str | None:
-    """The version ``latest.json`` names, or None when there is none (or it is unreadable)."""
-    try:
-        version = json.loads(storage.read_bytes(join(dataset_uri, LATEST))).get("version")
-    except (FileNotFoundError, ValueError, AttributeError):
-        return None
-    return version if isinstance(version, str) else None
-
-
 def version_info(storage: Storage, dataset_uri: str, version: str, latest: str | None) -> VersionInfo | None:
     """The version's summary, or None if it is not published (no ``_SUCCESS``)."""
     uri = join(dataset_uri, version)
@@ -132,13 +120,16 @@ def version_info(storage: Storage, dataset_uri: str, version: str, latest: str |
         return None
     has_card = storage.exists(join(uri, CARD))
     try:
-        manifest: dict[str, Any] = json.loads(storage.read_bytes(join(uri, MANIFEST)))
+        where = manifest_uri(storage, uri)
+        if where is None:
+            raise FileNotFoundError(join(uri, MANIFEST))
+        manifest: dict[str, Any] = json.loads(storage.read_bytes(where))
         return VersionInfo(
             version=version, num_records=int(manifest["num_records"]), num_rejected=int(manifest["num_rejected"]),
             classes=[str(c) for c in manifest["classes"]],
             splits=_split_counts(manifest),
             compression=str(manifest.get("compression", "none")), latest=version == latest, has_card=has_card,
-            as_of=manifest.get("as_of"))
+            as_of=manifest.get("as_of"), manifest_file=where.rsplit("/", 1)[-1])
     except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
         return VersionInfo(version=version, num_records=0, num_rejected=0, classes=[], splits={}, compression="?",
                            latest=version == latest, has_card=has_card, error=f"{MANIFEST} is missing or invalid")
@@ -192,12 +183,6 @@ def list_root(storage: Storage, index: int, root: str, limit: int | None = 10) -
 
 
 # -- serving ------------------------------------------------------------------------------------
-def resolve_root(roots: list[str], index: int) -> str:
-    if not 0 <= index < len(roots):
-        raise NotFound(f"no destination root {index}")
-    return roots[index]
-
-
 def published_version_uri(storage: Storage, root: str, dataset: str, version: str) -> str:
     """The URI of a published version; NotFound for bad names or a version without ``_SUCCESS``."""
     if not (is_name(dataset) and is_name(version)):

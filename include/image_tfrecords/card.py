@@ -18,7 +18,6 @@ from .card_render import Block, Cell, Heading, Img, Para, Table, render_html, re
 from .card_stats import EXAMPLES, REJECT_EXAMPLES, SAMPLES, Diff, LabelScan, SamplePicker, diff_versions, scan_rejects
 from .manifest import ordered_splits
 
-Rows = Callable[[], Iterable[dict[str, str]]]
 SAMPLE_CLASSES, CHART_CLASSES, LISTED_CLASSES = 50, 50, 100
 
 

@@ -5,7 +5,7 @@ Routes (relative to the mount prefix, e.g. ``/image-tfrecords``):
 - ``GET /``: every published dataset and its newest versions under each destination root.
 - ``GET /datasets/{root}/{dataset}``: all published versions of one dataset.
 - ``GET /datasets/{root}/{dataset}/{version}/card``: the version's ``card.html``.
-- ``GET /datasets/{root}/{dataset}/{version}/{file}``: ``card.md``, ``card/**/*.png``, ``dataset_info.json``,
+- ``GET /datasets/{root}/{dataset}/{version}/{file}``: ``card.md``, ``card/**/*.png``, ``manifest.json``,
   ``labels.csv``, ``rejects.csv`` (nothing else), streamed from the store.
 
 The app proxies bytes: no credential or presigned URL reaches the browser, and error pages name no
