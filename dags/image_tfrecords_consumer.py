@@ -34,15 +34,15 @@ def image_tfrecords_consumer() -> None:
     @task
     def summarize_new_version() -> dict[str, Any]:
         """Read the published manifest named by the triggering event and log what it holds."""
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+        from image_tfrecords_aws import airflow_storage  # plugins/: the Airflow side's S3 client factory
 
         from image_tfrecords import layout
         from image_tfrecords.config import DEFAULT_DATASET, DEFAULT_DESTINATION
-        from image_tfrecords.storage import Storage, join
+        from image_tfrecords.storage import join
 
         context = get_current_context()
         events = [e for asset_events in context["triggering_asset_events"].values() for e in asset_events]
-        storage = Storage(lambda: S3Hook(aws_conn_id="aws_default").get_conn())
+        storage = airflow_storage()
         if events:
             version_uri = events[-1].extra["uri"]
         else:  # a manual run: the newest complete version at the default destination

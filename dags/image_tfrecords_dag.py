@@ -54,7 +54,6 @@ from image_tfrecords import config, layout  # names and defaults only (standard 
 
 log = logging.getLogger(__name__)
 
-AWS_CONN_ID = "aws_default"
 DEFAULT_SOURCE = os.environ.get("IMAGE_TFRECORDS_SOURCE", "/opt/airflow/data/sample")
 DEFAULT_DESTINATION = os.environ.get("IMAGE_TFRECORDS_DESTINATION", config.DEFAULT_DESTINATION)
 DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", config.DEFAULT_DATASET)
@@ -139,28 +138,6 @@ def snapshot_as_of(context: Any) -> str | None:
     return None
 
 
-_CLIENT_CACHE: dict[str, tuple[float, Any]] = {}
-CLIENT_TTL_SECONDS = 300.0
-
-
-def _s3_client() -> Any:
-    """A boto3 S3 client from the ``aws_default`` connection.
-
-    Reused for a few minutes within one process: creating it costs about half a second (boto3 loads
-    its service model each time), which adds up when tasks share a process (``airflow dags test``).
-    Each task of a real deployment runs in a process of its own, so it sees connection changes.
-    """
-    import time
-
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-    created, client = _CLIENT_CACHE.get(AWS_CONN_ID, (0.0, None))
-    if client is None or time.monotonic() - created > CLIENT_TTL_SECONDS:
-        client = S3Hook(aws_conn_id=AWS_CONN_ID).get_conn()
-        _CLIENT_CACHE[AWS_CONN_ID] = (time.monotonic(), client)
-    return client
-
-
 def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
     """Call a stage function (``image_tfrecords.stages``) with this run's config and storage.
 
@@ -169,13 +146,13 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
     retries; retryable ones (an unreachable store, a contended ``latest.json``) are retried.
     """
     from airflow.sdk.exceptions import AirflowFailException
+    from image_tfrecords_aws import airflow_storage  # plugins/: the Airflow side's S3 client factory
 
     from image_tfrecords import locking, stages
     from image_tfrecords.cleanup import clean_staging
     from image_tfrecords.config import BuildConfig
     from image_tfrecords.errors import ImageTfrecordsError, LockHeld
     from image_tfrecords.preflight import check_locations, os_error_line
-    from image_tfrecords.storage import Storage
 
     context = get_current_context()
     params = context["params"]
@@ -186,7 +163,7 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
                           max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
                           max_file_mb=params.get("max_file_mb", 256),
                           max_pixels=params.get("max_pixels", 89_478_485))
-        storage = Storage(_s3_client)
+        storage = airflow_storage()
         if stage is stages.discover_stage:
             check_locations(cfg)
         if stage is clean_staging:

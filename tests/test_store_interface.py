@@ -75,6 +75,7 @@ def _write(case: Case, *keys: str) -> None:
 def test_write_read_exists(case: Case, tmp_path: Path) -> None:
     store, uri = case.store, case.uri("a", "x.bin")
     assert not store.exists(uri)
+    assert store.sha256_of(uri) is None
     with pytest.raises(FileNotFoundError):
         store.read_bytes(uri)
     with pytest.raises(FileNotFoundError), store.open_read(uri):
@@ -166,6 +167,20 @@ def test_delete_and_delete_tree(case: Case) -> None:
     case.store.delete(case.uri("keep.bin"))
     assert not case.store.exists(case.uri("keep.bin"))
     assert [i.key for i in case.store.iter_files(case.root)] == ["xy/3.bin"]
+
+
+def test_scratch_dir_and_prune(case: Case) -> None:
+    """A local store offers a scratch folder on the same disk and removes empty folders; S3 needs neither."""
+    _write(case, "full/1.bin")
+    scratch = case.store.scratch_dir(case.uri("scratch"))
+    case.store.prune(case.uri("full"))  # not empty: kept
+    assert case.store.exists(case.uri("full", "1.bin"))
+    if case.root.startswith("s3://"):
+        assert scratch is None
+        return
+    assert scratch == case.uri("scratch") and os.path.isdir(scratch)
+    case.store.prune(scratch)
+    assert not os.path.exists(scratch)
 
 
 def test_storage_picks_the_store_for_each_uri(tmp_path: Path) -> None:

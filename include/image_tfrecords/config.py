@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import ConfigError
-from .layout import is_name
+from .layout import STAGING, is_name
 from .probe import MAX_PIXELS
 from .storage import is_s3, join
 from .tfrecord import COMPRESSIONS
@@ -149,7 +149,7 @@ class BuildConfig:
     @property
     def staging_uri(self) -> str:
         """Where a build's intermediate files live until publish (never a published version)."""
-        return join(self.dataset_uri, "_staging", self.version)
+        return join(self.dataset_uri, STAGING, self.version)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

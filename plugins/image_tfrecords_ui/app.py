@@ -46,13 +46,9 @@ _templates = Environment(loader=FileSystemLoader(Path(__file__).with_name("templ
 
 def airflow_storage() -> Storage:
     """A Storage whose S3 client comes from the Airflow connection ``aws_default`` (as in the DAG)."""
+    from image_tfrecords_aws import airflow_storage as storage
 
-    def client() -> Any:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        return S3Hook(aws_conn_id="aws_default").get_conn()
-
-    return Storage(client)
+    return storage()
 
 
 def airflow_access(dag_id: str = "image_tfrecords") -> list[Any]:

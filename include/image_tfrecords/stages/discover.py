@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from typing import Any
 
 from .. import __version__, layout
@@ -13,7 +11,7 @@ from ..discovery import DiscoveryCounts, discover
 from ..documents import RowWriter, write_json
 from ..errors import BuildError
 from ..manifest import REJECTS_FIELDS
-from ..storage import Storage, is_s3
+from ..storage import Storage, join
 from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, staged
 
 
@@ -34,7 +32,7 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
     fingerprint = counts.fingerprint.hexdigest()
     previous = layout.previous_version(storage, cfg.dataset_uri, cfg.version)
-    unchanged = previous if previous and layout.read_manifest(storage, cfg.dataset_uri + "/" + previous).get(
+    unchanged = previous if previous and layout.read_manifest(storage, join(cfg.dataset_uri, previous)).get(
         "source_fingerprint") == fingerprint else None
     summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
                "skipped_by_kind": dict(sorted(counts.skipped_by_kind.items())),
@@ -50,7 +48,5 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 def discard_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Drop this build's staging prefix (when there is nothing new to build)."""
     storage.delete_tree(cfg.staging_uri)
-    if not is_s3(cfg.staging_uri):  # and the local _staging/ folder, once no build uses it
-        with contextlib.suppress(OSError):
-            os.rmdir(os.path.dirname(cfg.staging_uri))
+    storage.prune(join(cfg.dataset_uri, layout.STAGING))  # the _staging/ folder, once no build uses it
     return {"discarded": cfg.staging_uri}

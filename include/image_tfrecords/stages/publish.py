@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 from typing import Any
 
 from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json
 from ..errors import BuildError
-from ..storage import Storage, is_s3, join
+from ..storage import Storage, join
 from ..tfds_metadata import tfds_metadata_files
 from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, SHARDS, staged
 
@@ -51,9 +49,7 @@ def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 def _finish(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any], already: bool) -> dict[str, Any]:
     latest = layout.update_latest(storage, cfg.dataset_uri, cfg.version)
     storage.delete_tree(cfg.staging_uri)
-    if not is_s3(cfg.staging_uri):  # drop the local _staging/ folder once no build uses it
-        with contextlib.suppress(OSError):
-            os.rmdir(os.path.dirname(cfg.staging_uri))
+    storage.prune(join(cfg.dataset_uri, layout.STAGING))  # the _staging/ folder, once no build uses it
     return {"uri": cfg.version_uri, "version": cfg.version, "num_records": manifest["num_records"],
             "num_rejected": manifest["num_rejected"], "latest": latest, "already_published": already,
             "splits": {name: s["num_records"] for name, s in manifest["splits"].items()}}

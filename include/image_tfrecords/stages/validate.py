@@ -135,10 +135,7 @@ def _checked(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress)
         receipt = read_json(storage, staged(cfg, RECEIPTS, shard + ".json"))
     except FileNotFoundError:
         return validate_shard(cfg, storage, shard, progress)
-    try:
-        current = storage.sha256_of(staged(cfg, SHARDS, shard))
-    except FileNotFoundError:
-        current = None
+    current = storage.sha256_of(staged(cfg, SHARDS, shard))  # None if it is missing
     if not (result.get("sha256") == receipt.get("sha256") == current):  # rewritten or damaged since checked
         return validate_shard(cfg, storage, shard, progress)
     progress(result["num_records"])

@@ -21,7 +21,7 @@ from ..manifest import example_features
 from ..parallel import ordered_map
 from ..probe import RejectedImage, stored_bytes
 from ..reading import read_source
-from ..storage import HashingWriter, Storage, is_s3
+from ..storage import HashingWriter, Storage
 from ..tfrecord import TFRecordWriter
 from .plan import task_shards
 from .staging import MEMBERS, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged
@@ -62,7 +62,7 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
         except RejectedImage as exc:
             raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
 
-    with tempfile.TemporaryDirectory(dir=_local_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
+    with tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
         path = os.path.join(tmp, shard)
         with read_rows(storage, members_uri) as rows, open(path, "wb") as file, \
                 TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
@@ -81,12 +81,3 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
         storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
     write_json(storage, receipt_uri, receipt)
     return receipt
-
-
-def _local_dir(uri: str) -> str | None:
-    """For a local staging folder, the folder itself (made if needed), so finished files are hard-linked
-    into place rather than copied; None (the system's temp dir) for S3."""
-    if is_s3(uri):
-        return None
-    os.makedirs(uri, exist_ok=True)
-    return uri

@@ -131,6 +131,14 @@ class Store(ABC):
     def prime(self) -> None:  # noqa: B027 - most stores have nothing to prepare
         """Make any client now, before threads share the store (client factories are not thread-safe)."""
 
+    def scratch_dir(self, uri: str) -> str | None:
+        """A local folder on the same disk as ``uri``, made if needed, where a file can be written and then
+        moved or linked into place without a copy; None for a remote store (use the system's temp folder)."""
+        return None
+
+    def prune(self, uri: str) -> None:  # noqa: B027 - object stores have no empty folders
+        """Remove the folder ``uri`` if it is empty (nothing to do where folders are only key prefixes)."""
+
     # -- listing ---------------------------------------------------------------------------------
     @abstractmethod
     def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:

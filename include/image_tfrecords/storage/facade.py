@@ -130,3 +130,11 @@ class Storage:
     def delete_tree(self, uri: str) -> None:
         """Delete everything below ``uri``."""
         self._store_for(uri).delete_tree(uri)
+
+    def scratch_dir(self, uri: str) -> str | None:
+        """A local folder where files for ``uri`` can be written and then linked into place; None on S3."""
+        return self._store_for(uri).scratch_dir(uri)
+
+    def prune(self, uri: str) -> None:
+        """Remove the local folder ``uri`` if it is empty (S3 has no empty folders)."""
+        self._store_for(uri).prune(uri)

@@ -123,6 +123,14 @@ class LocalStore(Store):
     def delete_tree(self, uri: str) -> None:
         shutil.rmtree(uri, ignore_errors=True)
 
+    def scratch_dir(self, uri: str) -> str | None:
+        os.makedirs(uri, exist_ok=True)
+        return uri
+
+    def prune(self, uri: str) -> None:
+        with contextlib.suppress(OSError):
+            os.rmdir(uri)
+
 
 def _atomic(path: str, fill: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` through ``fill`` into a temporary file in its folder, fsync it, rename it into place."""

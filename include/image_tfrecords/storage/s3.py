@@ -177,9 +177,17 @@ class S3Store(Store):
                 f.write(chunk)
 
     def sha256_of(self, uri: str) -> str | None:
-        """The SHA-256 S3 holds for the object (None for a multipart object or one stored without)."""
+        """The SHA-256 S3 holds for the object (None if there is no such object, or for a multipart object or
+        one stored without)."""
+        from botocore.exceptions import ClientError
+
         bucket, key = split_s3(uri)
-        head = self._call(uri, "head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        try:
+            head = self._call(uri, "head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        except ClientError as exc:
+            if is_missing(exc):
+                return None
+            raise
         return from_s3_checksum(head.get("ChecksumSHA256"))
 
     def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
