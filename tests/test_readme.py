@@ -96,3 +96,14 @@ def test_cli_help_lists_the_contract_flags() -> None:
     for flag in ("--source", "--destination", "--dataset", "--version", "--splits", "--salt", "--shard-size-mb",
                  "--compression", "--workers"):
         assert flag in options, flag
+
+
+def test_readme_reader_snippets_are_the_tested_ones() -> None:
+    """The README's Keras, TFDS and PyTorch snippets are docs/readers.md's, which
+    tests/test_readers_from_pip.py runs from a fresh pip install."""
+    pattern = re.compile(r"^<!-- reader: ([\w-]+) -->\n```python\n(.*?)^```$", re.S | re.M)
+    readme = dict(pattern.findall(README))
+    tested = dict(pattern.findall((ROOT / "docs" / "readers.md").read_text(encoding="utf-8")))
+    assert set(readme) == {"keras", "tfds", "pytorch"}
+    for name, code in readme.items():
+        assert code == tested[name], f"README's {name} snippet differs from docs/readers.md's"
