@@ -50,7 +50,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, task, teardown
 
-from image_tfrecords import config, layout  # names and defaults only (standard library; no pipeline code)
+from image_tfrecords import config, layout  # names and defaults only: no stage, TensorFlow, Pillow or boto3
 
 log = logging.getLogger(__name__)
 

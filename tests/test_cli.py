@@ -120,6 +120,27 @@ def test_unchanged_source_is_skipped_unless_forced(sample_dir: Path, tmp_path: P
     assert (tmp_path / "d" / "v2" / "labels.csv").read_bytes() == (tmp_path / "d" / "v1" / "labels.csv").read_bytes()
 
 
+def test_a_labels_csv_without_its_columns_is_one_line(sample_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.jpg").write_bytes(next(sample_dir.rglob("*.jpg")).read_bytes())
+    (source / "labels.csv").write_text("name,class\na.jpg,circle\n")
+    result = run_cli("build", "--source", str(source), "--destination", str(tmp_path / "out"), "--dataset", "d",
+                     "--workers", "1")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    assert "must have a header with columns filename,label (found: name,class)" in result.stderr
+
+
+def test_a_damaged_previous_manifest_is_one_line(sample_dir: Path, tmp_path: Path) -> None:
+    args = ("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "d", "--workers", "1")
+    assert run_cli(*args, "--version", "v1").returncode == 0
+    (tmp_path / "d" / "v1" / "manifest.json").write_text("{not json")
+    result = run_cli(*args, "--version", "v2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "v1/manifest.json is not valid JSON" in result.stderr
+
+
 def test_salt_changes_the_split(sample_dir: Path, tmp_path: Path) -> None:
     for salt in ("one", "two"):
         assert run_cli("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", salt,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from image_tfrecords.discovery import Candidate, DiscoveryCounts, discover, looks_like_image
+from image_tfrecords.errors import BuildError
 from image_tfrecords.storage import Storage, StorageError
 
 UNICODE_NAME = "daisies/ünïcödé 名前, with 'single' and \"double\" quotes.jpg"
@@ -234,7 +235,7 @@ def test_labels_csv_with_unicode_names(tmp_path: Path) -> None:
 ])
 def test_labels_csv_without_the_right_header(tmp_path: Path, csv_text: str, found: str) -> None:
     source = str(_write_local(tmp_path / "src", {"a.jpg": b"a", "labels.csv": csv_text.encode()}))
-    with pytest.raises(ValueError, match="header with columns filename,label") as info:
+    with pytest.raises(BuildError, match="header with columns filename,label") as info:
         list(discover(Storage(), source))
     assert f"(found: {found})" in str(info.value)
     assert "labels.csv" in str(info.value)
@@ -282,7 +283,7 @@ def test_s3_labels_csv_layout(bucket: str, s3_storage: Storage) -> None:
 def test_s3_labels_csv_without_header_raises(bucket: str, s3_storage: Storage) -> None:
     source = f"s3://{bucket}/bad"
     _write_s3(s3_storage, source, {"a.jpg": b"a", "labels.csv": b"name,class\na.jpg,cat\n"})
-    with pytest.raises(ValueError, match=r"must have a header with columns filename,label \(found: name,class\)"):
+    with pytest.raises(BuildError, match=r"must have a header with columns filename,label \(found: name,class\)"):
         list(discover(s3_storage, source))
 
 

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from .documents import read_rows
+from .errors import BuildError
 from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
 from .storage import FileInfo, Storage, StorageError, is_s3, join
 
@@ -175,10 +176,10 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
         try:
             header = reader.fieldnames
         except csv.Error as exc:
-            raise ValueError(f"{labels_uri} has no readable header: {exc}") from None
+            raise BuildError(f"{labels_uri} has no readable header: {exc}") from None
         if not header or not {"filename", "label"} <= set(header):
             found = ",".join(header or []) or "nothing"
-            raise ValueError(f"{labels_uri} must have a header with columns filename,label (found: {found})")
+            raise BuildError(f"{labels_uri} must have a header with columns filename,label (found: {found})")
         for row in _parsed_rows(reader):
             if isinstance(row, Candidate):
                 yield row

@@ -46,6 +46,10 @@ class LockHeld(ImageTfrecordsError):
     """Another build holds this version's lock."""
 
 
+class DamagedFile(ImageTfrecordsError, ValueError):
+    """A published or staged file that cannot be parsed (a manifest that is not JSON, say)."""
+
+
 class NotPublishedError(ImageTfrecordsError, ValueError):
     """The URI is not a published version (no ``_SUCCESS``) nor a dataset with a ``latest.json``."""
 

@@ -22,7 +22,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import NotPublishedError, StoreBusy
+from .errors import DamagedFile, NotPublishedError, StoreBusy
 from .storage import Storage, join
 
 MANIFEST = "manifest.json"
@@ -79,18 +79,30 @@ def list_versions(storage: Storage, dataset_uri: str) -> list[str]:
 
 
 def previous_version(storage: Storage, dataset_uri: str, version: str) -> str | None:
-    """The newest published version that sorts before ``version`` (what a build of it follows)."""
-    earlier = [v for v in list_versions(storage, dataset_uri) if version_key(v) < version_key(version)]
-    return earlier[-1] if earlier else None
+    """The newest published version that sorts before ``version`` (what a build of it follows).
+
+    One delimiter listing, then existence checks newest first until one is published (usually one).
+    """
+    earlier = [v for v in storage.list_dirs(dataset_uri) if is_name(v) and version_key(v) < version_key(version)]
+    return next((v for v in sorted(earlier, key=version_key, reverse=True)
+                 if storage.exists(join(dataset_uri, v, SUCCESS))), None)
 
 
 def read_latest(storage: Storage, dataset_uri: str) -> str | None:
     """The version ``latest.json`` names, or None when there is none (or it is unreadable)."""
     try:
-        version = json.loads(storage.read_bytes(join(dataset_uri, LATEST))).get("version")
-    except (FileNotFoundError, ValueError, AttributeError):
+        return _latest_version(storage.read_bytes(join(dataset_uri, LATEST)))
+    except FileNotFoundError:
         return None
-    return version if isinstance(version, str) else None
+
+
+def _latest_version(data: bytes | None) -> str | None:
+    """The version a ``latest.json``'s bytes name; None if absent or damaged (the next publish repairs it)."""
+    try:
+        version = json.loads(data).get("version") if data else None
+    except (ValueError, AttributeError):
+        return None
+    return version if isinstance(version, str) and is_name(version) else None
 
 
 def update_latest(storage: Storage, dataset_uri: str, version: str, attempts: int = 20) -> str:
@@ -102,7 +114,7 @@ def update_latest(storage: Storage, dataset_uri: str, version: str, attempts: in
     uri = join(dataset_uri, LATEST)
     for _ in range(attempts):
         data, tag = storage.read_with_tag(uri)
-        current = json.loads(data)["version"] if data else None
+        current = _latest_version(data)
         if current is not None and version_key(current) >= version_key(version):
             return current
         if storage.write_if_unchanged(uri, (json.dumps({"version": version}) + "\n").encode(), tag):
@@ -128,7 +140,13 @@ def read_manifest(storage: Storage, version_uri: str) -> dict[str, Any]:
     uri = manifest_uri(storage, version_uri)
     if uri is None:
         raise FileNotFoundError(join(version_uri, MANIFEST))
-    return json.loads(storage.read_bytes(uri))
+    try:
+        manifest = json.loads(storage.read_bytes(uri))
+    except ValueError as exc:
+        raise DamagedFile(f"{uri} is not valid JSON ({exc}): the version's manifest is damaged") from None
+    if not isinstance(manifest, dict):
+        raise DamagedFile(f"{uri} is not a JSON object: the version's manifest is damaged")
+    return manifest
 
 
 def resolve(storage: Storage, uri: str) -> str:

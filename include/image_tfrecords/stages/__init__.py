@@ -78,16 +78,22 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of the pipeline; ``per_shard`` steps run once per planned shard."""
+    """One step of the pipeline.
+
+    ``per_shard``: runs once per planned shard (the DAG maps it over write tasks; ``run_pipeline``
+    over a process pool). ``per_image``: one call that spreads its images over ``workers`` (threads,
+    or the ``processes`` pool) and reports ``progress``. Otherwise: one call, ``(cfg, storage)``.
+    """
 
     name: str
     run: Callable[..., Any]
     per_shard: bool = False
+    per_image: bool = False
 
 
 PIPELINE: tuple[Stage, ...] = (
     Stage("discover", discover_stage),
-    Stage("inspect", inspect_stage),
+    Stage("inspect", inspect_stage, per_image=True),
     Stage("split", split_stage),
     Stage("plan", plan_stage),
     Stage("write", write_and_check, per_shard=True),
@@ -114,20 +120,23 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     ``progress(stage, total)`` gives a callback counting images done; ``before_publish`` may raise to
     stop the build before anything is published (the CLI checks it still holds its lock).
     """
-    found = discover_stage(cfg, storage)
-    if found["unchanged_since"] and not force:
-        discard_stage(cfg, storage)
-        return {"unchanged_since": found["unchanged_since"], "version": found["unchanged_since"]}
-    with progress("inspect", found["candidates"]) as done:
-        inspect_stage(cfg, storage, workers=max(2, workers), progress=done,
-                      processes=pool if pool is not None and workers > 1 else None)
-    split = split_stage(cfg, storage)
-    plan_stage(cfg, storage)
-    mapper = pool.map if pool is not None else map
-    with progress("write", split["num_records"]) as done:
-        for result in mapper(partial(write_and_check, cfg, storage), all_shards(cfg, storage)):
-            done(result["num_records"])
-    validate_stage(cfg, storage)
-    card_stage(cfg, storage)
-    before_publish()
-    return publish_stage(cfg, storage)
+    results: dict[str, Any] = {}
+    for stage in PIPELINE:
+        if stage.run is publish_stage:
+            before_publish()
+        if stage.per_shard:
+            mapper = pool.map if pool is not None else map
+            with progress(stage.name, results["split"]["num_records"]) as done:
+                for result in mapper(partial(stage.run, cfg, storage), all_shards(cfg, storage)):
+                    done(result["num_records"])
+        elif stage.per_image:
+            with progress(stage.name, results["discover"]["candidates"]) as done:
+                results[stage.name] = stage.run(cfg, storage, workers=max(2, workers), progress=done,
+                                                processes=pool if pool is not None and workers > 1 else None)
+        else:
+            results[stage.name] = stage.run(cfg, storage)
+        unchanged = results.get("discover", {}).get("unchanged_since")
+        if stage.run is discover_stage and unchanged and not force:
+            discard_stage(cfg, storage)
+            return {"unchanged_since": unchanged, "version": unchanged}
+    return results["publish"]

@@ -22,7 +22,6 @@ LABELS, REJECTS, SPLIT_SUMMARY = "labels.csv", "rejects.csv", "split.json"
 PLAN, MANIFEST = "plan.json", "manifest.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each
 CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
-TFDS, TFDS_INDEX = "tfds-files", "tfds-files.json"  # staged TFDS metadata (published as dataset_info.json, ...)
 INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
                     "source_format", "transform", "encoded_sha256", "encoded_bytes")
 

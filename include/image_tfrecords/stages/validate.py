@@ -9,7 +9,9 @@ image content in two splits.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -52,8 +54,9 @@ def _set_digest(names: Iterator[str]) -> str:
 def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress) -> dict[str, Any]:
     """Re-read a staged shard and check it; stage and return its result."""
     uri = staged(cfg, SHARDS, shard)
-    with read_rows(storage, staged(cfg, MEMBERS, shard + ".csv")) as rows:
-        members = list(rows)  # one shard's rows: bounded by the shard size
+    members_data = storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))  # bounded by the shard size
+    members_sha = hashlib.sha256(members_data).hexdigest()
+    members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
     count, position, index = 0, 0, []
     try:
         with storage.open_read(uri) as stream:
@@ -84,7 +87,7 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     if staged_index != "".join(index).encode():
         raise BuildError(f"the {layout.INDEX_SUFFIX} file of shard {shard} does not match its records")
     result = {"file": shard, "num_records": count, "num_bytes": num_bytes, "sha256": sha,
-              "names": _set_digest(m["filename"] for m in members)}
+              "names": _set_digest(m["filename"] for m in members), "members_sha256": members_sha}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     return result
 
@@ -129,14 +132,17 @@ def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents
 
 
 def _checked(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress) -> dict[str, Any]:
-    """The staged result of ``validate_shard`` for the shard as it is now, else a fresh check."""
+    """The staged result of ``validate_shard`` if it checked the shard as it is now against the members
+    planned now; else a fresh check."""
     try:
         result = read_json(storage, staged(cfg, CHECKED, shard + ".json"))
         receipt = read_json(storage, staged(cfg, RECEIPTS, shard + ".json"))
+        members = hashlib.sha256(storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))).hexdigest()
     except FileNotFoundError:
         return validate_shard(cfg, storage, shard, progress)
     current = storage.sha256_of(staged(cfg, SHARDS, shard))  # None if it is missing
-    if not (result.get("sha256") == receipt.get("sha256") == current):  # rewritten or damaged since checked
+    if not (result.get("sha256") == receipt.get("sha256") == current  # not rewritten or damaged since
+            and result.get("members_sha256") == receipt.get("members_sha256") == members):  # nor replanned
         return validate_shard(cfg, storage, shard, progress)
     progress(result["num_records"])
     return result

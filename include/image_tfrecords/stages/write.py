@@ -52,7 +52,7 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
         receipt = read_json(storage, receipt_uri)
         if receipt.get("members_sha256") == members_sha and \
                 storage.sha256_of(staged(cfg, SHARDS, shard)) == receipt["sha256"] and \
-                storage.exists(staged(cfg, SHARDS, layout.index_file(shard))):
+                storage.sha256_of(staged(cfg, SHARDS, layout.index_file(shard))) == receipt.get("index_sha256"):
             progress(receipt["num_records"])
             return receipt
 
@@ -75,9 +75,11 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
                     raise BuildError(f"{row['filename']}: {exc}") from exc
                 writer.write(encode_example(example_features(row, encoded)))
                 progress(1)
+        index = writer.index()
         receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": raw.num_bytes,
-                   "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha}
-        storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), writer.index())
+                   "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha,
+                   "index_sha256": hashlib.sha256(index).hexdigest()}
+        storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
         storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
     write_json(storage, receipt_uri, receipt)
     return receipt
