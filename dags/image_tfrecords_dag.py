@@ -90,10 +90,10 @@ PARAMS = {
     "max_reject_fraction": Param(0.2, type="number", minimum=0, maximum=1, section="Build", title="Max reject share",
                                  description="Fail before publishing if more than this share of the files is "
                                              "rejected (corrupt, duplicate, unsupported...)."),
-    "max_file_mb": Param(256, type="number", exclusiveMinimum=0, maximum=1_000_000, section="Bad input",
-                         title="Max file size (MB)",
+    "max_file_mb": Param(int(config.DEFAULT_MAX_FILE_MB), type="number", exclusiveMinimum=0, maximum=1_000_000,
+                         section="Bad input", title="Max file size (MB)",
                          description="Files larger than this are rejected (too_large) without being read."),
-    "max_pixels": Param(89_478_485, type="integer", minimum=1, maximum=1_000_000_000, section="Bad input",
+    "max_pixels": Param(config.MAX_PIXELS, type="integer", minimum=1, maximum=1_000_000_000, section="Bad input",
                         title="Max pixels per image",
                         description="Images with more pixels are rejected (too_many_pixels) before decoding; "
                                     "lower it to bound a worker's memory (about 8 bytes per pixel at worst)."),
@@ -161,8 +161,8 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
                           version=run_version(context), splits=params["splits"], salt=params["salt"],
                           shard_size_mb=params["shard_size_mb"], compression=params["compression"],
                           max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
-                          max_file_mb=params.get("max_file_mb", 256),
-                          max_pixels=params.get("max_pixels", 89_478_485))
+                          max_file_mb=params.get("max_file_mb", config.DEFAULT_MAX_FILE_MB),
+                          max_pixels=params.get("max_pixels", config.MAX_PIXELS))
         storage = airflow_storage()
         if stage is stages.discover_stage:
             check_locations(cfg)

@@ -101,8 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@contextlib.contextmanager
-def _bars(enabled: bool) -> Iterator[stages.ProgressFactory]:
+def _bars(enabled: bool) -> stages.ProgressFactory:
     """Progress bars on stderr, one per stage (or none)."""
 
     @contextlib.contextmanager
@@ -112,7 +111,7 @@ def _bars(enabled: bool) -> Iterator[stages.ProgressFactory]:
         with tqdm(total=total, desc=stage, unit="img", file=sys.stderr, leave=False, disable=not enabled) as t:
             yield t.update
 
-    yield bar
+    return bar
 
 
 def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: Storage | None = None,
@@ -126,14 +125,13 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: St
     workers = max(1, workers)
     check_locations(cfg)
     check_temp_dir()
-    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, _process_pool(workers) as pool, \
-            _bars(progress) as bars:
+    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, _process_pool(workers) as pool:
 
         def still_locked() -> None:
             if lease.lost:
                 raise BuildError(f"lost the lock of version {cfg.version} ({lease.lost}); nothing was published")
 
-        return stages.run_pipeline(cfg, storage, pool=pool, workers=workers, progress=bars, force=force,
+        return stages.run_pipeline(cfg, storage, pool=pool, workers=workers, progress=_bars(progress), force=force,
                                    before_publish=still_locked)
 
 

@@ -27,7 +27,7 @@ from .storage import Storage, join
 
 MANIFEST = "manifest.json"
 LEGACY_MANIFEST = "dataset_info.json"  # our manifest's name before TFDS's metadata took it
-TFDS_INFO, TFDS_FEATURES = "dataset_info.json", "features.json"
+TFDS_FEATURES = "features.json"  # beside TFDS's dataset_info.json: that name is TFDS's, not our manifest
 SUCCESS, LATEST, LABELS, REJECTS = "_SUCCESS", "latest.json", "labels.csv", "rejects.csv"
 STAGING = "_staging"
 INDEX_SUFFIX = ".tfindex"
@@ -69,15 +69,6 @@ def is_name(text: str) -> bool:
 
 
 # -- versions --------------------------------------------------------------------------------
-def list_versions(storage: Storage, dataset_uri: str) -> list[str]:
-    """The published versions of a dataset (folders holding ``_SUCCESS``), oldest first.
-
-    One delimiter listing of the dataset folder, then one existence check per version folder.
-    """
-    candidates = [name for name in storage.list_dirs(dataset_uri) if is_name(name)]
-    return sorted((v for v in candidates if storage.exists(join(dataset_uri, v, SUCCESS))), key=version_key)
-
-
 def previous_version(storage: Storage, dataset_uri: str, version: str) -> str | None:
     """The newest published version that sorts before ``version`` (what a build of it follows).
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import BuildConfig
+from ..layout import LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under the names they are published under
 from ..storage import join
 
 Progress = Callable[[int], None]
@@ -18,8 +19,7 @@ MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length: the most write
 
 DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
 INSPECTED, INSPECT_REJECTS = "inspected.csv", "rejects-inspect.csv"
-LABELS, REJECTS, SPLIT_SUMMARY = "labels.csv", "rejects.csv", "split.json"
-PLAN, MANIFEST = "plan.json", "manifest.json"
+SPLIT_SUMMARY, PLAN = "split.json", "plan.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each
 CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
 INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
