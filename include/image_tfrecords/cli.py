@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="reject images with more pixels (too_many_pixels) before decoding (default: %(default)d)")
     build.add_argument("--force", action="store_true",
                        help="build even when the source and params are unchanged since the previous version")
+    build.add_argument("--full", action="store_true",
+                       help="rebuild in full: reuse nothing of the previous version (inspections, shards); "
+                            "builds even when nothing changed")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     clean = commands.add_parser("clean", help="remove the staging files of builds that never published")
     clean.add_argument("--destination", required=True, help="local folder or s3://bucket/prefix")
@@ -197,9 +200,22 @@ def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: 
     lines.append(f"  rejected     {manifest['num_rejected']:>8}"
                  + (f"  ({', '.join(f'{k}: {v}' for k, v in manifest['rejects_by_reason'].items())})"
                     if manifest["num_rejected"] else "") + f"   skipped (not images): {manifest['num_skipped']}")
+    lines.append("  " + build_line(manifest))
     lines.append(f"  {manifest['num_records']} records, {megabytes:.1f} MB in {seconds:.1f} s "
                  f"({manifest['num_records'] / max(seconds, 1e-9):.0f} images/s); latest is {result['latest']}")
     return "\n".join(lines)
+
+
+def build_line(manifest: dict[str, Any]) -> str:
+    """One line on how a version was made: incremental (on which version) or full (and why)."""
+    build = manifest.get("build") or {}
+    if not build:
+        return "build: (made before 0.3.0)"
+    how = (f"incremental on {build['base_version']}" if build["mode"] == "incremental"
+           else f"full ({build['full_because']})")
+    return (f"build: {how}; shards reused {build['shards_reused']}, rewritten {build['shards_rewritten']}, "
+            f"written {build['shards_written']}; files inspected {build['files_inspected']} "
+            f"(reused {build['inspections_reused']}); {build['source_bytes_read'] / 1e6:.1f} MB read from the source")
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -287,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           version=args.version or default_version(), splits=parse_splits(args.splits),
                           salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression,
                           max_reject_fraction=args.max_reject_fraction, as_of=args.as_of,
-                          max_file_mb=args.max_file_mb, max_pixels=args.max_pixels)
+                          max_file_mb=args.max_file_mb, max_pixels=args.max_pixels, full=args.full)
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         started = time.perf_counter()

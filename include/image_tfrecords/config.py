@@ -91,6 +91,7 @@ class BuildConfig:
     as_of: str | None = None  # ISO 8601 time: only files modified at or before it (None: all)
     max_file_mb: float = DEFAULT_MAX_FILE_MB  # larger files are rejected (too_large) before they are read
     max_pixels: int = MAX_PIXELS  # larger images are rejected (too_many_pixels) before they are decoded
+    full: bool = False  # a full rebuild: reuse nothing of the previous version (inspections, shards)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", check_splits(self.splits))
@@ -119,6 +120,8 @@ class BuildConfig:
         if isinstance(self.max_file_mb, bool) or not isinstance(self.max_file_mb, int | float) \
                 or not 0 < self.max_file_mb <= 1_000_000:
             raise ConfigError(f"max_file_mb must be a number in (0, 1000000], not {self.max_file_mb!r}")
+        if not isinstance(self.full, bool):
+            raise ConfigError(f"full must be true or false, not {self.full!r}")
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) \
                 or not 1 <= self.max_pixels <= 1_000_000_000:
             raise ConfigError(f"max_pixels must be a whole number in [1, 1000000000], not {self.max_pixels!r}")
@@ -130,7 +133,7 @@ class BuildConfig:
     @property
     def fingerprint_params(self) -> dict[str, Any]:
         """The settings that decide a build's content (not where it goes or what it is called)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("destination", "version", "as_of")}
+        return {k: v for k, v in asdict(self).items() if k not in ("destination", "version", "as_of", "full")}
 
     @property
     def max_file_bytes(self) -> int:

@@ -41,6 +41,7 @@ class Candidate:
     num_bytes: int = 0
     reason: str = ""
     detail: str = ""
+    stamp: str = ""  # the listing's modification stamp (FileInfo.stamp): inspection reuse compares it
 
 
 @dataclass
@@ -150,7 +151,7 @@ def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,
             yield Candidate(info.key, num_bytes=info.size, reason="no_label",
                             detail="image in the source root: put it in a class folder")
         else:
-            yield Candidate(info.key, label=info.key.split("/", 1)[0], num_bytes=info.size)
+            yield Candidate(info.key, label=info.key.split("/", 1)[0], num_bytes=info.size, stamp=info.stamp)
 
 
 def _safe_relative(filename: str) -> str | None:
@@ -165,12 +166,12 @@ def _safe_relative(filename: str) -> str | None:
 
 def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: DiscoveryCounts,
                       cutoff: datetime | None) -> Iterator[Candidate]:
-    sizes = {}
+    sizes, stamps = {}, {}
     for info in _entries(storage, source, counts, cutoff):
         if isinstance(info, Candidate):
             yield info
         else:
-            sizes[info.key] = info.size
+            sizes[info.key], stamps[info.key] = info.size, info.stamp
     seen: set[str] = set()
     with _labels_rows(storage, source, labels_uri) as reader:
         try:
@@ -195,7 +196,7 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
             else:
                 seen.add(filename)
                 if label:
-                    yield Candidate(filename, label=label, num_bytes=sizes[filename])
+                    yield Candidate(filename, label=label, num_bytes=sizes[filename], stamp=stamps[filename])
                 else:
                     yield Candidate(filename, num_bytes=sizes[filename], reason="no_label", detail="empty label")
     for filename, size in sizes.items():

@@ -30,6 +30,7 @@ LEGACY_MANIFEST = "dataset_info.json"  # our manifest's name before TFDS's metad
 TFDS_FEATURES = "features.json"  # beside TFDS's dataset_info.json: that name is TFDS's, not our manifest
 SUCCESS, LATEST, LABELS, REJECTS = "_SUCCESS", "latest.json", "labels.csv", "rejects.csv"
 STAGING = "_staging"
+INSPECTED = "inspected.csv"  # what inspection learned of every file it read: the next build reuses it
 INDEX_SUFFIX = ".tfindex"
 VERSION_FORMAT = "%Y%m%dT%H%M%SZ"  # default version names: the build's (or run's logical) time in UTC
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # dataset and version names (fullmatch)

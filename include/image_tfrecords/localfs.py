@@ -44,6 +44,7 @@ class Entry:
     kind: str = "file"
     problem: str = ""
     detail: str = ""
+    stamp: str = ""  # the modification time in nanoseconds (regular files)
 
 
 class NotARegularFile(OSError):
@@ -143,7 +144,7 @@ def walk(root: str) -> Iterator[Entry]:
                 elif child is not None:
                     stack.append(child)
             else:
-                yield Entry(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind)
+                yield Entry(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind, stamp=str(st.st_mtime_ns))
     finally:
         for fd, _, _ in stack:
             os.close(fd)

@@ -18,8 +18,10 @@ FEATURES: dict[str, str] = {
     "image/sha256": "string",
 }
 
-LABELS_FIELDS = ("filename", "label", "label_id", "split", "sha256", "width", "height", "channels", "format",
+# A record's row: what its tf.train.Example holds (and how its image was taken from the file).
+RECORD_FIELDS = ("filename", "label", "label_id", "split", "sha256", "width", "height", "channels", "format",
                  "num_bytes", "source_format", "transform", "encoded_sha256", "encoded_bytes")
+LABELS_FIELDS = (*RECORD_FIELDS, "shard")  # labels.csv: each record's row and the shard file that holds it
 REJECTS_FIELDS = ("filename", "reason", "detail")
 # How splits are shown (cards, the datasets page): the customary ones in this order, then others by name.
 SPLIT_ORDER = ("train", "training", "validation", "valid", "val", "dev", "test", "eval")

@@ -1,6 +1,7 @@
 """The pipeline's stages, in order: the one definition the DAG, the command line and the benchmark use.
 
-    discover -> inspect -> split -> plan -> write (one per shard: write, then check) -> validate -> card -> publish
+    discover -> inspect -> split -> plan -> reuse (copy the previous version's kept shards)
+             -> write (one per shard: write, then check) -> validate -> card -> publish
 
 Each stage is a function ``(cfg, storage, ...) -> small dict`` in a module of its own. It reads
 its inputs from the build's staging prefix in the store and writes its outputs there (see
@@ -27,6 +28,7 @@ from .discover import discard_stage, discover_stage
 from .inspect import inspect_stage
 from .plan import all_shards, plan_stage, task_shards
 from .publish import publish_stage
+from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
 from .staging import (
     DISCOVER_REJECTS,
@@ -65,6 +67,8 @@ __all__ = [
     "inspect_stage",
     "plan_stage",
     "publish_stage",
+    "reuse_shard",
+    "reuse_stage",
     "run_pipeline",
     "split_stage",
     "task_shards",
@@ -96,6 +100,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("inspect", inspect_stage, per_image=True),
     Stage("split", split_stage),
     Stage("plan", plan_stage),
+    Stage("reuse", reuse_stage),
     Stage("write", write_and_check, per_shard=True),
     Stage("validate", validate_stage),
     Stage("card", card_stage),
@@ -116,7 +121,7 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     """Run every stage of ``PIPELINE`` in this process; per-image work goes to ``pool`` (``workers`` processes).
 
     When the source listing and params are those of the previous published version, nothing is
-    built (the staging is dropped) unless ``force``: returns ``{"unchanged_since": VERSION, ...}``.
+    built (the staging is dropped) unless ``force`` or ``cfg.full``: returns ``{"unchanged_since": VERSION, ...}``.
     ``progress(stage, total)`` gives a callback counting images done; ``before_publish`` may raise to
     stop the build before anything is published (the CLI checks it still holds its lock).
     """
@@ -126,7 +131,7 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             before_publish()
         if stage.per_shard:
             mapper = pool.map if pool is not None else map
-            with progress(stage.name, results["split"]["num_records"]) as done:
+            with progress(stage.name, results["plan"]["records_to_write"]) as done:
                 for result in mapper(partial(stage.run, cfg, storage), all_shards(cfg, storage)):
                     done(result["num_records"])
         elif stage.per_image:
@@ -136,7 +141,7 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
         else:
             results[stage.name] = stage.run(cfg, storage)
         unchanged = results.get("discover", {}).get("unchanged_since")
-        if stage.run is discover_stage and unchanged and not force:
+        if stage.run is discover_stage and unchanged and not (force or cfg.full):
             discard_stage(cfg, storage)
             return {"unchanged_since": unchanged, "version": unchanged}
     return results["publish"]

@@ -12,7 +12,7 @@ from ..documents import RowWriter, write_json
 from ..errors import BuildError
 from ..manifest import REJECTS_FIELDS
 from ..storage import Storage, join
-from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, staged
+from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, DISCOVERED_FIELDS, staged
 
 
 def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     params fingerprint the same (the rest of the build can then be skipped).
     """
     counts = DiscoveryCounts()
-    with RowWriter(storage, staged(cfg, DISCOVERED), ("filename", "label", "num_bytes")) as found, \
+    with RowWriter(storage, staged(cfg, DISCOVERED), DISCOVERED_FIELDS) as found, \
             RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects:
         for candidate in discover(storage, cfg.source, counts, cfg.cutoff):
             if candidate.reason:

@@ -1,19 +1,37 @@
-"""Stage 2: hash, identify and fully decode every candidate (the label CSV's facts)."""
+"""Stage 2: hash, identify and fully decode every candidate (the label CSV's facts).
+
+A file the previous version inspected, with the same name, size and stamp, is not read again:
+its row of the previous ``inspected.csv`` is taken over (``incremental``).
+"""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
 from ..config import BuildConfig
-from ..documents import RowWriter, read_rows
+from ..documents import RowWriter, read_json, read_rows, write_json
+from ..incremental import INSPECTION_FIELDS, InspectionCache, base_of, inspection_cache, why_not_reuse_inspection
 from ..manifest import REJECTS_FIELDS
 from ..parallel import batched_map, ordered_map
 from ..probe import RejectedImage, inspect_image
 from ..reading import read_source
 from ..storage import Storage
-from .staging import DISCOVERED, INSPECT_REJECTS, INSPECTED, INSPECTED_FIELDS, Progress, no_progress, staged
+from .staging import (
+    DISCOVER_SUMMARY,
+    DISCOVERED,
+    INSPECT_REJECTS,
+    INSPECT_SUMMARY,
+    INSPECTED,
+    INSPECTED_FIELDS,
+    INSPECTION,
+    Progress,
+    no_progress,
+    staged,
+)
 
 
 def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict[str, Any]:
@@ -26,19 +44,53 @@ def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict
     return {"filename": row["filename"], "label": row["label"], **vars(facts)}
 
 
+def _carried(row: dict[str, str], known: dict[str, str]) -> dict[str, Any]:
+    """The previous inspection of an unchanged file, as ``inspect_one`` would return it now."""
+    if known.get("reason"):
+        return {"filename": row["filename"], "reason": known["reason"], "detail": known.get("detail", "")}
+    return {**{k: known[k] for k in INSPECTED_FIELDS if k in known}, "filename": row["filename"],
+            "label": row["label"]}
+
+
 def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress: Progress = no_progress,
                   processes: Executor | None = None) -> dict[str, Any]:
-    """Inspect every candidate, in listing order.
+    """Inspect every candidate (or take its previous inspection over), in listing order.
 
     Runs on ``workers`` threads (decoders release the GIL), or on the ``processes`` pool (with
     ``workers`` processes) when given, which also spreads the per-file Python work.
     """
+    base = base_of(cfg, storage, read_json(storage, staged(cfg, DISCOVER_SUMMARY))["previous_version"])
+    why_not = why_not_reuse_inspection(cfg, base)
     inspect = partial(inspect_one, storage, cfg)
-    with read_rows(storage, staged(cfg, DISCOVERED)) as rows, \
+    read = {"files": 0, "bytes": 0}
+    with tempfile.TemporaryDirectory() as tmp, inspection_cache(storage, None if why_not else base, tmp) as cache, \
+            read_rows(storage, staged(cfg, DISCOVERED)) as rows, \
             RowWriter(storage, staged(cfg, INSPECTED), INSPECTED_FIELDS) as good, \
-            RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects:
-        results = batched_map(inspect, rows, processes, workers) if processes else ordered_map(inspect, rows, workers)
-        for result in results:
+            RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects, \
+            RowWriter(storage, staged(cfg, INSPECTION), INSPECTION_FIELDS) as inspection:
+
+        def to_read() -> Iterator[dict[str, str]]:
+            with read_rows(storage, staged(cfg, DISCOVERED)) as again:
+                for row in again:
+                    if _lookup(cache, row) is None:
+                        read["files"] += 1
+                        read["bytes"] += int(row["num_bytes"])
+                        yield row
+
+        fresh = batched_map(inspect, to_read(), processes, workers) if processes else \
+            ordered_map(inspect, to_read(), workers)
+        for row in rows:
+            known = _lookup(cache, row)
+            result = next(fresh) if known is None else _carried(row, known)
             (rejects if "reason" in result else good).write(result)
+            inspection.write({**result, "num_bytes": row["num_bytes"], "stamp": row["stamp"]})
             progress(1)
-    return {"inspected": good.count, "rejected": rejects.count}
+    summary = {"inspected": good.count, "rejected": rejects.count, "files_read": read["files"],
+               "bytes_read": read["bytes"], "files_reused": good.count + rejects.count - read["files"],
+               "base_version": base.version if base else None, "not_reused_because": why_not}
+    write_json(storage, staged(cfg, INSPECT_SUMMARY), summary)
+    return {key: summary[key] for key in ("inspected", "rejected", "files_read", "files_reused")}
+
+
+def _lookup(cache: InspectionCache, row: dict[str, str]) -> dict[str, str] | None:
+    return cache.get(row["filename"], row["num_bytes"], row.get("stamp", ""))

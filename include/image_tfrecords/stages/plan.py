@@ -1,4 +1,19 @@
-"""Stage 4: decide the shards of each split and their members (``members/{shard}.csv``)."""
+"""Stage 4: decide the shards of each split and their members (``members/{shard}.csv``), and give
+every record its shard (``labels.csv``).
+
+A full build deals each split's records to ``planning.shard_count`` shards (``planning.deal``).
+An incremental build (``incremental``: a previous version with the same splits, salt, shard size and
+compression) makes each split of
+
+1. the base's shards whose records are all still here, unchanged: *reused*, copied as they are;
+2. the base's other shards that keep some records: *rewritten* from the base's shard, without the
+   records that left or changed (their images are not read again);
+3. new shards for the added and changed images, dealt as a full build deals.
+
+Within every shard records are in order of ``planning.order_key`` (then row number), in both
+kinds of build. When an incremental build would make more than ``COMPACTION_FACTOR`` times the shards
+of a full build, it compacts: it is planned as a full build.
+"""
 
 from __future__ import annotations
 
@@ -6,75 +21,170 @@ import json
 import os
 import tempfile
 from array import array
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import planning
 from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
+from ..incremental import COMPACTION_FACTOR, Base, base_of, survivors, why_not_reuse_shards
 from ..manifest import LABELS_FIELDS
 from ..storage import Storage
-from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, SPLIT_SUMMARY, staged
+from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
+
+
+@dataclass
+class Layout:
+    """The shards of a build: ``files`` in order (per split), what each is made from, and each record's shard."""
+
+    files: dict[str, list[str]] = field(default_factory=dict)  # split -> shard files, in order
+    reuse: dict[str, dict[str, Any]] = field(default_factory=dict)  # shard -> the base's shard it copies
+    rewrite: dict[str, dict[str, Any]] = field(default_factory=dict)  # shard -> the base's shard it filters
+    shard_of: Any = None  # numpy array: record row number -> index into all_files
+
+    @property
+    def all_files(self) -> list[str]:
+        return [f for files in self.files.values() for f in files]
 
 
 def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENGTH) -> dict[str, Any]:
-    """Plan the shards (``planning.shard_count``), deal records to them (``planning.deal``) and group
-    them into at most ``max_tasks`` write tasks; returns the number of shards and of tasks.
+    """Plan the shards (full or incremental, see the module), stage members and labels.csv, and group
+    the shards to write into at most ``max_tasks`` write tasks.
 
-    Memory: about 32 bytes per record (order keys, row numbers, ranks, shards), besides one shard's rows.
+    Memory: about 40 bytes per record (order keys, sizes, splits, shards), besides one shard's rows.
     """
     import numpy as np
 
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
-    keys: dict[str, array[float]] = defaultdict(lambda: array("d"))
-    numbers: dict[str, array[int]] = defaultdict(lambda: array("q"))
-    with read_rows(storage, staged(cfg, LABELS)) as rows:
-        for number, row in enumerate(rows):
-            keys[row["split"]].append(planning.order_key(cfg.salt, row["sha256"]))
-            numbers[row["split"]].append(number)
-    rank_of = np.zeros(summary["num_records"], dtype=np.int64)  # row number -> rank in its split's order
-    shard_of = np.zeros(summary["num_records"], dtype=np.int64)  # row number -> shard index in its split
-    specs: dict[str, list[planning.ShardSpec]] = {}
-    for split, info in summary["splits"].items():
-        count = planning.shard_count(info["num_bytes"], info["num_records"], cfg.shard_size_mb)
-        specs[split] = [planning.ShardSpec(split, i, count, cfg.compression) for i in range(count)]
-        if split in keys:
-            ranks, shards = planning.deal(np.frombuffer(keys.pop(split), dtype=np.float64), count)
-            rows_of_split = np.frombuffer(numbers.pop(split), dtype=np.int64)
-            rank_of[rows_of_split], shard_of[rows_of_split] = ranks, shards
+    base = base_of(cfg, storage, summary["previous_version"])
+    why_full = why_not_reuse_shards(cfg, base)
+    splits = list(summary["splits"])
+    keys, sizes, split_of = array("d"), array("q"), array("b")
+    with read_rows(storage, staged(cfg, RECORDS)) as rows:
+        for row in rows:
+            keys.append(planning.order_key(cfg.salt, row["sha256"]))
+            sizes.append(int(row["encoded_bytes"]))
+            split_of.append(splits.index(row["split"]))
+    records = (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
+               np.frombuffer(split_of, dtype=np.int8))
+    full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
+                     for sizes_of in (records[1][records[2] == i] for i in range(len(splits))))
+    layout = None
     with tempfile.TemporaryDirectory() as tmp:
-        _write_members(cfg, storage, specs, rank_of, shard_of, tmp)
-    shard_files = [spec.file for split in specs.values() for spec in split]
-    tasks = planning.group_tasks(shard_files, max_tasks)
+        if base is not None and not why_full:
+            layout = _incremental(cfg, storage, base, splits, records, tmp)
+            if len(layout.all_files) > COMPACTION_FACTOR * full_count:
+                why_full = (f"compaction: an incremental build would make {len(layout.all_files)} shards, more than "
+                            f"{COMPACTION_FACTOR:g}x the {full_count} of a full build")
+                layout = None
+        if layout is None:
+            layout = _full(cfg, splits, records)
+        _write_members(cfg, storage, layout, records[0], tmp)
+    to_write = [f for f in layout.all_files if f not in layout.reuse]
+    tasks = planning.group_tasks(to_write, max_tasks)
+    counts = Counter(int(i) for i in layout.shard_of)
+    files = layout.all_files
     plan = {"compression": cfg.compression, "shard_size_mb": cfg.shard_size_mb, "tasks": tasks,
-            "splits": {split: [spec.file for spec in s] for split, s in specs.items()}}
+            "splits": layout.files, "reuse": layout.reuse, "rewrite": layout.rewrite,
+            "build": {"mode": "full" if why_full else "incremental", "full_because": why_full,
+                      "base_version": base.version if base else None}}
     write_json(storage, staged(cfg, PLAN), plan)
-    return {"num_shards": len(shard_files), "num_tasks": len(tasks)}
+    return {"num_shards": len(files), "num_tasks": len(tasks), "mode": plan["build"]["mode"],
+            "reused": len(layout.reuse), "rewritten": len(layout.rewrite),
+            "written": len(to_write) - len(layout.rewrite),
+            "records_to_write": sum(counts[i] for i, f in enumerate(files) if f not in layout.reuse)}
 
 
-def _write_members(cfg: BuildConfig, storage: Storage, specs: dict[str, list[planning.ShardSpec]],
-                   rank_of: Any, shard_of: Any, tmp: str) -> None:
-    """Stage each shard's member rows (labels.csv rows, in rank order) as ``members/{shard}.csv``."""
+def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) -> Layout:
+    """Every split dealt afresh to ``planning.shard_count`` shards."""
+    import numpy as np
+
+    keys, sizes, split_of = records
+    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64))
+    for i, split in enumerate(splits):
+        rows = np.flatnonzero(split_of == i)
+        count = planning.shard_count(int(sizes[rows].sum()), len(rows), cfg.shard_size_mb)
+        _add_fresh(cfg, layout, split, rows, keys, count, first=0, total=count)
+    return layout
+
+
+def _add_fresh(cfg: BuildConfig, layout: Layout, split: str, rows: Any, keys: Any, count: int, first: int,
+               total: int) -> None:
+    """Deal ``rows`` (record row numbers of ``split``) to ``count`` new shards, numbered from ``first`` of ``total``."""
+    offset = len(layout.all_files)
+    layout.files.setdefault(split, []).extend(
+        planning.ShardSpec(split, first + i, total, cfg.compression).file for i in range(count))
+    if len(rows):
+        _, shards = planning.deal(keys[rows], count)
+        layout.shard_of[rows] = offset + shards
+
+
+def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[str], records: tuple[Any, Any, Any],
+                 tmp: str) -> Layout:
+    """Reused and rewritten shards of ``base``, then new shards for the records it does not hold."""
+    import numpy as np
+
+    keys, sizes, split_of = records
+    origin = np.full(len(keys), -1, dtype=np.int64)  # row -> index of the base shard holding it unchanged
+    base_shards = [(split, s) for split, info in base.manifest["splits"].items() for s in info["shards"]]
+    index_of = {s["file"]: i for i, (_, s) in enumerate(base_shards)}
+    kept: Counter[int] = Counter()
+    for number, shard in survivors(storage, base, staged(cfg, RECORDS), tmp):
+        if shard in index_of:
+            origin[number] = index_of[shard]
+            kept[index_of[shard]] += 1
+    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64))
+    for i, split in enumerate(splits):
+        rows = np.flatnonzero(split_of == i)
+        mine = [(b, s) for b, (name, s) in enumerate(base_shards) if name == split and kept[b]]
+        fresh = rows[origin[rows] < 0]
+        new = planning.shard_count(int(sizes[fresh].sum()), len(fresh), cfg.shard_size_mb)
+        total = len(mine) + new
+        names = [planning.ShardSpec(split, j, total, cfg.compression).file for j in range(total)]
+        for j, (b, shard) in enumerate(mine):
+            source = {"version": base.version, "file": shard["file"], "sha256": shard["sha256"],
+                      "num_records": shard["num_records"], "num_bytes": shard["num_bytes"],
+                      "index_sha256": shard.get("index_sha256")}
+            whole = kept[b] == shard["num_records"]
+            (layout.reuse if whole else layout.rewrite)[names[j]] = source
+            layout.shard_of[rows[origin[rows] == b]] = len(layout.all_files) + j
+        layout.files[split] = names[: len(mine)]
+        _add_fresh(cfg, layout, split, fresh, keys, new, first=len(mine), total=total)
+    return layout
+
+
+def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any, tmp: str) -> None:
+    """Stage labels.csv (each record's row and shard) and each shard's members (``members/{shard}.csv``,
+    in order of order key, then row number)."""
+    files = layout.all_files
+    folder = os.path.join(tmp, "members")
+    os.makedirs(folder)
     buffers: dict[str, list[str]] = defaultdict(list)
 
     def flush() -> None:
         for shard, lines in buffers.items():
-            with open(os.path.join(tmp, shard), "a", encoding="utf-8") as f:
+            with open(os.path.join(folder, shard), "a", encoding="utf-8") as f:
                 f.writelines(lines)
         buffers.clear()
 
-    with read_rows(storage, staged(cfg, LABELS)) as rows:
+    with read_rows(storage, staged(cfg, RECORDS)) as rows, \
+            RowWriter(storage, staged(cfg, LABELS), LABELS_FIELDS) as labels:
         for number, row in enumerate(rows):
-            shard = specs[row["split"]][int(shard_of[number])].file
-            buffers[shard].append(json.dumps([int(rank_of[number]), row]) + "\n")
+            row["shard"] = shard = files[int(layout.shard_of[number])]
+            labels.write(row)
+            buffers[shard].append(json.dumps([float(keys[number]), number, row]) + "\n")
             if number % 5_000 == 4_999:
                 flush()
     flush()
-    for shard in sorted(os.listdir(tmp)):
-        with open(os.path.join(tmp, shard), encoding="utf-8") as f:
+    for shard in files:
+        path = os.path.join(folder, shard)
+        if not os.path.exists(path):
+            continue  # an empty split has no shards; a planned shard always has members
+        with open(path, encoding="utf-8") as f:
             members = sorted(json.loads(line) for line in f)  # one shard's rows: bounded by the shard size
         with RowWriter(storage, staged(cfg, MEMBERS, shard + ".csv"), LABELS_FIELDS) as out:
-            for _, row in members:
+            for _, _, row in members:
                 out.write(row)
 
 
@@ -84,5 +194,5 @@ def task_shards(cfg: BuildConfig, storage: Storage, task_index: int) -> list[str
 
 
 def all_shards(cfg: BuildConfig, storage: Storage) -> list[str]:
-    """Every planned shard file, in plan order."""
+    """Every shard file to write, in plan order (reused shards are copied by the reuse stage)."""
     return [shard for task in read_json(storage, staged(cfg, PLAN))["tasks"] for shard in task]

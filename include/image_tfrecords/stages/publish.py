@@ -11,12 +11,12 @@ from ..documents import read_json
 from ..errors import BuildError
 from ..storage import Storage, join
 from ..tfds_metadata import tfds_metadata_files
-from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, SHARDS, staged
+from .staging import CARD, CARD_INDEX, INSPECTION, LABELS, MANIFEST, REJECTS, SHARDS, staged
 
 
 def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Copy the validated build to ``DEST/DATASET/VERSION/``: shards and their ``.tfindex`` files, the
-    card, labels.csv, rejects.csv, TFDS's metadata, ``manifest.json``; then ``_SUCCESS`` (the manifest's
+    card, labels.csv, rejects.csv, inspected.csv, TFDS's metadata, ``manifest.json``; then ``_SUCCESS`` (the manifest's
     SHA-256), then move ``latest.json`` forward. Rerunning it after success changes nothing."""
     final = cfg.version_uri
     staged_manifest = staged(cfg, MANIFEST)
@@ -36,7 +36,7 @@ def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             storage.copy(staged(cfg, SHARDS, index), join(final, index))
     for name in read_json(storage, staged(cfg, CARD_INDEX)):
         storage.copy(staged(cfg, CARD, name), join(final, name))
-    for name in (LABELS, REJECTS):
+    for name in (LABELS, REJECTS, INSPECTION):
         storage.copy(staged(cfg, name), join(final, name))
     for name, data in sorted(tfds_metadata_files(manifest).items()):
         storage.write_bytes(join(final, name), data)

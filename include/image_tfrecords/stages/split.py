@@ -9,7 +9,7 @@ from .. import layout
 from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
-from ..manifest import LABELS_FIELDS, REJECTS_FIELDS
+from ..manifest import RECORD_FIELDS, REJECTS_FIELDS
 from ..splitting import DuplicateResolver, assign_split
 from ..storage import Storage, join
 from .staging import (
@@ -17,7 +17,7 @@ from .staging import (
     DISCOVER_SUMMARY,
     INSPECT_REJECTS,
     INSPECTED,
-    LABELS,
+    RECORDS,
     REJECTS,
     SPLIT_SUMMARY,
     staged,
@@ -25,7 +25,7 @@ from .staging import (
 
 
 def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
-    """Write labels.csv (one row per record, with its class id and split) and rejects.csv.
+    """Stage the records (labels.csv's rows, with class id and split; plan adds the shard) and rejects.csv.
 
     Class ids never change once given: the previous version's classes keep theirs, new ones are
     appended in sorted order. Fails before anything is written to the shards when nothing is left,
@@ -41,7 +41,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     class_ids = {name: i for i, name in enumerate(classes)}
     per_split: dict[str, Counter[str]] = {name: Counter() for name in cfg.splits}
     reasons: Counter[str] = Counter()
-    with RowWriter(storage, staged(cfg, LABELS), LABELS_FIELDS) as labels, \
+    with RowWriter(storage, staged(cfg, RECORDS), RECORD_FIELDS) as labels, \
             RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects:
         for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
             with read_rows(storage, staged(cfg, earlier)) as rows:

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from .. import layout
+from .. import __version__, layout
 from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
@@ -27,6 +27,7 @@ from ..storage import HashingReader, Storage
 from ..tfrecord import CorruptRecordError, read_records
 from .staging import (
     CHECKED,
+    INSPECT_SUMMARY,
     LABELS,
     MANIFEST,
     MEMBERS,
@@ -49,6 +50,12 @@ def _name_hash(name: str) -> int:
 def _set_digest(names: Iterator[str]) -> str:
     """An order-independent digest of a multiset of names (sum of their hashes mod 2^128)."""
     return f"{sum(map(_name_hash, names)) % 2**128:032x}"
+
+
+def members_digest(members: bytes) -> tuple[str, int]:
+    """The name digest and the number of the rows of a staged ``members/{shard}.csv``."""
+    rows = list(csv.DictReader(io.StringIO(members.decode("utf-8-sig"), newline="")))
+    return _set_digest(r["filename"] for r in rows), len(rows)
 
 
 def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress) -> dict[str, Any]:
@@ -87,7 +94,9 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     if staged_index != "".join(index).encode():
         raise BuildError(f"the {layout.INDEX_SUFFIX} file of shard {shard} does not match its records")
     result = {"file": shard, "num_records": count, "num_bytes": num_bytes, "sha256": sha,
-              "names": _set_digest(m["filename"] for m in members), "members_sha256": members_sha}
+              "names": _set_digest(m["filename"] for m in members), "members_sha256": members_sha,
+              "index_sha256": receipt.get("index_sha256"), "source_bytes": receipt.get("source_bytes", 0),
+              **{key: receipt[key] for key in ("rewritten_from", "reused_from") if key in receipt}}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     return result
 
@@ -148,6 +157,26 @@ def _checked(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress)
     return result
 
 
+def _manifest_entry(shard: dict[str, Any]) -> dict[str, Any]:
+    """A shard's entry in the manifest: its file, counts and checksums, and where a reused one came from."""
+    entry = {key: shard[key] for key in ("file", "num_records", "num_bytes", "sha256", "index_sha256")}
+    if "reused_from" in shard:
+        entry["reused_from"] = shard["reused_from"]
+    return entry
+
+
+def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's ``build``: how this version was made from the source and the previous version."""
+    return {
+        **plan["build"], "inspector": __version__,
+        "files_inspected": inspected["files_read"], "inspections_reused": inspected["files_reused"],
+        "shards_reused": sum("reused_from" in s for s in shards),
+        "shards_rewritten": sum("rewritten_from" in s for s in shards),
+        "shards_written": sum("reused_from" not in s and "rewritten_from" not in s for s in shards),
+        "source_bytes_read": inspected["bytes_read"] + sum(s.get("source_bytes", 0) for s in shards),
+    }
+
+
 def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_progress) -> dict[str, Any]:
     """Add up the per-shard checks (checking any shard not checked yet) and stage ``manifest.json``."""
     plan = read_json(storage, staged(cfg, PLAN))
@@ -162,6 +191,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
             contents[row["split"]].append(int(row["sha256"][:16], 16))
     _check_no_content_in_two_splits(cfg, storage, contents)
     splits: dict[str, Any] = {}
+    checked: list[dict[str, Any]] = []
     for split, shard_files in plan["splits"].items():
         shards = [_checked(cfg, storage, f, progress) for f in shard_files]
         total = sum(s["num_records"] for s in shards)
@@ -170,8 +200,8 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
             raise BuildError(f"split {split} holds {total} records, labels.csv says {expected}")
         if sum(int(s["names"], 16) for s in shards) % 2**128 != digests[split] % 2**128:
             raise BuildError(f"split {split}: the records in its shards are not the ones labels.csv lists")
-        splits[split] = {"num_records": total, "shards": [
-            {key: s[key] for key in ("file", "num_records", "num_bytes", "sha256")} for s in shards]}
+        splits[split] = {"num_records": total, "shards": [_manifest_entry(s) for s in shards]}
+        checked += shards
     manifest = {
         "dataset": cfg.dataset, "version": cfg.version, "num_records": summary["num_records"],
         "num_rejected": summary["num_rejected"], "num_skipped": summary["num_skipped"],
@@ -180,6 +210,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "previous_version": summary["previous_version"], "source_fingerprint": summary["source_fingerprint"],
         "as_of": cfg.as_of,
         "compression": cfg.compression, "features": feature_spec(), "splits": splits,
+        "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked),
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
                                          "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
                                          "max_pixels": cfg.max_pixels},

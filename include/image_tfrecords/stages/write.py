@@ -16,15 +16,15 @@ from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
-from ..example import encode_example
+from ..example import decode_example, encode_example
 from ..manifest import example_features
 from ..parallel import ordered_map
 from ..probe import RejectedImage, stored_bytes
 from ..reading import read_source
-from ..storage import HashingWriter, Storage
-from ..tfrecord import TFRecordWriter
+from ..storage import HashingReader, HashingWriter, Storage, join
+from ..tfrecord import CorruptRecordError, TFRecordWriter, read_records
 from .plan import task_shards
-from .staging import MEMBERS, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged
+from .staging import MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged
 from .validate import validate_shard
 
 
@@ -37,24 +37,51 @@ def write_task(cfg: BuildConfig, storage: Storage, task_index: int, progress: Pr
 
 def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,
                     read_workers: int = 4) -> dict[str, Any]:
-    """Write one shard, then re-read and check it (the result is staged for the validate stage)."""
-    write_shard(cfg, storage, shard, progress, read_workers)
+    """Write one shard (from the source, or rewritten from the previous version's), then re-read and
+    check it (the result is staged for the validate stage)."""
+    origin = read_json(storage, staged(cfg, PLAN))["rewrite"].get(shard)
+    if origin is None:
+        write_shard(cfg, storage, shard, progress, read_workers)
+    else:
+        rewrite_shard(cfg, storage, shard, origin, progress)
     return validate_shard(cfg, storage, shard)
+
+
+def _already_written(cfg: BuildConfig, storage: Storage, shard: str, members_sha: str) -> dict[str, Any] | None:
+    """The receipt of this shard if it is staged, intact, from these members (a retried task skips it)."""
+    receipt_uri = staged(cfg, RECEIPTS, shard + ".json")
+    if not storage.exists(receipt_uri):
+        return None
+    receipt = read_json(storage, receipt_uri)
+    if receipt.get("members_sha256") == members_sha and \
+            storage.sha256_of(staged(cfg, SHARDS, shard)) == receipt["sha256"] and \
+            storage.sha256_of(staged(cfg, SHARDS, layout.index_file(shard))) == receipt.get("index_sha256"):
+        return receipt
+    return None
+
+
+def _stage(cfg: BuildConfig, storage: Storage, shard: str, path: str, writer: TFRecordWriter, raw: HashingWriter,
+           members_sha: str, **extra: Any) -> dict[str, Any]:
+    """Stage a written shard, its ``.tfindex`` and its receipt."""
+    index = writer.index()
+    receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": raw.num_bytes,
+               "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha,
+               "index_sha256": hashlib.sha256(index).hexdigest(), **extra}
+    storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
+    storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
+    write_json(storage, staged(cfg, RECEIPTS, shard + ".json"), receipt)
+    return receipt
 
 
 def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,
                 read_workers: int = 4) -> dict[str, Any]:
-    """Write one shard from its member list and stage it whole; skip if already staged identically."""
+    """Write one shard from its member list (images read from the source) and stage it whole; skip if
+    already staged identically."""
     members_uri = staged(cfg, MEMBERS, shard + ".csv")
-    receipt_uri = staged(cfg, RECEIPTS, shard + ".json")
     members_sha = hashlib.sha256(storage.read_bytes(members_uri)).hexdigest()
-    if storage.exists(receipt_uri):
-        receipt = read_json(storage, receipt_uri)
-        if receipt.get("members_sha256") == members_sha and \
-                storage.sha256_of(staged(cfg, SHARDS, shard)) == receipt["sha256"] and \
-                storage.sha256_of(staged(cfg, SHARDS, layout.index_file(shard))) == receipt.get("index_sha256"):
-            progress(receipt["num_records"])
-            return receipt
+    if (receipt := _already_written(cfg, storage, shard, members_sha)) is not None:
+        progress(receipt["num_records"])
+        return receipt
 
     def fetch(row: dict[str, str]) -> tuple[dict[str, str], bytes]:
         try:
@@ -62,6 +89,7 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
         except RejectedImage as exc:
             raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
 
+    source_bytes = 0
     with tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
         path = os.path.join(tmp, shard)
         with read_rows(storage, members_uri) as rows, open(path, "wb") as file, \
@@ -74,12 +102,46 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
                 except (ValueError, RejectedImage) as exc:
                     raise BuildError(f"{row['filename']}: {exc}") from exc
                 writer.write(encode_example(example_features(row, encoded)))
+                source_bytes += len(data)
                 progress(1)
-        index = writer.index()
-        receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": raw.num_bytes,
-                   "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha,
-                   "index_sha256": hashlib.sha256(index).hexdigest()}
-        storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
-        storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
-    write_json(storage, receipt_uri, receipt)
-    return receipt
+        return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=source_bytes)
+
+
+def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],
+                  progress: Progress = no_progress) -> dict[str, Any]:
+    """Write one shard by copying, record by record, the members it keeps of a previous version's shard
+    (``origin``: its version, file and sha256); nothing is read from the source. The previous shard
+    must still hash to what its manifest says."""
+    members_uri = staged(cfg, MEMBERS, shard + ".csv")
+    members_sha = hashlib.sha256(storage.read_bytes(members_uri)).hexdigest()
+    if (receipt := _already_written(cfg, storage, shard, members_sha)) is not None:
+        progress(receipt["num_records"])
+        return receipt
+    old = join(cfg.dataset_uri, origin["version"], origin["file"])
+    advice = "rebuild it in full (--full on the command line, full_rebuild in the DAG)"
+    with tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
+        path = os.path.join(tmp, shard)
+        with read_rows(storage, members_uri) as rows, storage.open_read(old) as stream, open(path, "wb") as file, \
+                TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
+            held = HashingReader(stream)
+            want = next(rows, None)
+            try:
+                for record in read_records(held, cfg.compression):  # type: ignore[arg-type]
+                    if want is not None and _filename_of(record) == want["filename"]:
+                        writer.write(record)
+                        progress(1)
+                        want = next(rows, None)
+            except CorruptRecordError as exc:
+                raise BuildError(f"{old} is damaged ({exc}): {advice}") from exc
+            held.drain()
+        if held.sha256.hexdigest() != origin["sha256"]:
+            raise BuildError(f"{old} no longer hashes to the sha256 its manifest gives: {advice}")
+        if want is not None:
+            raise BuildError(f"{old} does not hold {want['filename']} where its labels.csv puts it: {advice}")
+        return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=0,
+                      rewritten_from={"version": origin["version"], "file": origin["file"]})
+
+
+def _filename_of(record: bytes) -> str:
+    """The ``image/filename`` of a serialized record."""
+    return decode_example(record)["image/filename"][0].decode()  # type: ignore[union-attr]

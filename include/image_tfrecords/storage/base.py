@@ -36,6 +36,7 @@ class FileInfo:
     kind: str = "file"
     problem: str = ""
     detail: str = ""
+    stamp: str = ""  # what changes when the content may have: mtime in ns locally, the ETag on S3
 
 
 def is_s3(uri: str) -> bool:

@@ -114,10 +114,10 @@ class S3Store(Store):
             for obj in page.get("Contents", []):
                 key = obj["Key"][len(prefix) :]
                 if not key.endswith("/"):
-                    yield FileInfo(key, obj["Size"], obj["LastModified"])
+                    yield FileInfo(key, obj["Size"], obj["LastModified"], stamp=obj.get("ETag", "").strip('"'))
                 elif everything:  # an empty "folder/" object is a console's folder marker
                     kind = "folder_marker" if not obj["Size"] else "file"
-                    yield FileInfo(key, obj["Size"], obj["LastModified"], kind)
+                    yield FileInfo(key, obj["Size"], obj["LastModified"], kind, stamp=obj.get("ETag", "").strip('"'))
 
     def list_children(self, uri: str) -> tuple[list[str], list[str]]:
         prefix = _folder(split_s3(uri)[1])

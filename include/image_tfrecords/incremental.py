@@ -1,0 +1,147 @@
+"""What a build takes over from the version before it: inspections of unchanged files, and shards.
+
+The *base* of a build is the previous published version (``layout.previous_version``: the newest
+published version whose name sorts before this one's, so a backfill builds on the newest version
+older than it). A build reuses
+
+* the base's ``inspected.csv`` rows for files whose name, size and stamp (mtime in ns locally,
+  the ETag on S3) are unchanged, when the base was inspected by this release with the same
+  ``max_file_mb`` and ``max_pixels``;
+* the base's shards whose records are all still present and unchanged, when the base was built
+  with the same splits, salt, compression and shard size.
+
+``--full`` (CLI) or ``full_rebuild`` (DAG) turns both off. Lookups go through SQLite files in a
+temporary folder, so memory stays flat however many files there are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from . import __version__, layout
+from .config import BuildConfig
+from .documents import read_rows
+from .manifest import RECORD_FIELDS, feature_spec
+from .storage import Storage, join
+
+# inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
+INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",
+                     "source_format", "transform", "encoded_sha256", "encoded_bytes", "reason", "detail")
+COMPACTION_FACTOR = 1.5  # more shards than this times a full build's count: the build is a full rebuild
+
+
+@dataclass(frozen=True)
+class Base:
+    """The published version a build starts from."""
+
+    version: str
+    uri: str
+    manifest: dict[str, Any]
+
+    @property
+    def build(self) -> dict[str, Any]:
+        return self.manifest.get("build") or {}
+
+
+def base_of(cfg: BuildConfig, storage: Storage, previous: str | None) -> Base | None:
+    """The base of this build (None for a first version or a full rebuild)."""
+    if cfg.full or not previous:
+        return None
+    uri = join(cfg.dataset_uri, previous)
+    return Base(previous, uri, layout.read_manifest(storage, uri))
+
+
+def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
+    """Why the base's inspections cannot be taken over (``""`` when they can)."""
+    if base is None:
+        return "full rebuild" if cfg.full else "no previous version"
+    if base.build.get("inspector") != __version__:
+        return f"version {base.version} was inspected by another release of image-tfrecords"
+    params = base.manifest.get("params", {})
+    if (params.get("max_file_mb"), params.get("max_pixels")) != (cfg.max_file_mb, cfg.max_pixels):
+        return "max_file_mb or max_pixels changed"
+    return ""
+
+
+def why_not_reuse_shards(cfg: BuildConfig, base: Base | None) -> str:
+    """Why the base's shards cannot be taken over (``""`` when they can)."""
+    if base is None:
+        return "full rebuild asked for" if cfg.full else "no previous version"
+    params = base.manifest.get("params", {})
+    if not base.build:
+        return f"version {base.version} predates shard reuse (its labels.csv does not name shards)"
+    if base.manifest.get("features") != feature_spec():
+        return f"version {base.version} has other record features"
+    for name in ("splits", "salt", "shard_size_mb"):
+        if params.get(name) != getattr(cfg, name):
+            return f"{name} changed since version {base.version}"
+    if base.manifest.get("compression") != cfg.compression:
+        return f"compression changed since version {base.version}"
+    return ""
+
+
+def record_key(row: dict[str, str]) -> str:
+    """Everything that decides a record's bytes: equal keys mean byte-identical records."""
+    return "\x1f".join(str(row.get(name, "")) for name in RECORD_FIELDS)
+
+
+def _database(folder: str, name: str, schema: str) -> sqlite3.Connection:
+    db = sqlite3.connect(os.path.join(folder, name))
+    db.execute("PRAGMA journal_mode = OFF")
+    db.execute("PRAGMA synchronous = OFF")
+    db.execute(schema)
+    return db
+
+
+class InspectionCache:
+    """The base's inspected.csv, looked up by file name, size and stamp."""
+
+    def __init__(self, db: sqlite3.Connection | None) -> None:
+        self._db = db
+
+    def get(self, filename: str, num_bytes: str, stamp: str) -> dict[str, str] | None:
+        """The base's inspection of this file (an image's facts, or a reject's reason), if still valid."""
+        if self._db is None or not stamp:
+            return None
+        found = self._db.execute("SELECT row FROM inspected WHERE filename = ? AND num_bytes = ? AND stamp = ?",
+                                 (filename, num_bytes, stamp)).fetchone()
+        return json.loads(found[0]) if found else None
+
+
+@contextmanager
+def inspection_cache(storage: Storage, base: Base | None, folder: str) -> Iterator[InspectionCache]:
+    """An ``InspectionCache`` of ``base`` (an empty one for None, or a base without inspected.csv)."""
+    uri = join(base.uri, layout.INSPECTED) if base else None
+    if uri is None or not storage.exists(uri):
+        yield InspectionCache(None)
+        return
+    with closing(_database(folder, "inspected.db", "CREATE TABLE inspected "
+                           "(filename TEXT PRIMARY KEY, num_bytes TEXT, stamp TEXT, row TEXT)")) as db:
+        with read_rows(storage, uri) as rows:
+            db.executemany("INSERT OR REPLACE INTO inspected VALUES (?, ?, ?, ?)",
+                           ((r["filename"], r["num_bytes"], r["stamp"], json.dumps(r)) for r in rows))
+        yield InspectionCache(db)
+
+
+def survivors(storage: Storage, base: Base, records_uri: str, folder: str) -> Iterator[tuple[int, str]]:
+    """``(row number in records_uri, base shard file)`` of every record the base holds byte for byte.
+
+    Joins this build's records with the base's labels.csv by file name and record key.
+    """
+    with closing(_database(folder, "records.db", "CREATE TABLE cur (filename TEXT PRIMARY KEY, key TEXT, "
+                           "number INTEGER)")) as db:
+        db.execute("CREATE TABLE prev (filename TEXT PRIMARY KEY, key TEXT, shard TEXT)")
+        with read_rows(storage, records_uri) as rows:
+            db.executemany("INSERT INTO cur VALUES (?, ?, ?)",
+                           ((r["filename"], record_key(r), n) for n, r in enumerate(rows)))
+        with read_rows(storage, join(base.uri, layout.LABELS)) as rows:
+            db.executemany("INSERT OR REPLACE INTO prev VALUES (?, ?, ?)",
+                           ((r["filename"], record_key(r), r.get("shard") or "") for r in rows))
+        yield from db.execute("SELECT cur.number, prev.shard FROM cur JOIN prev "
+                              "ON prev.filename = cur.filename AND prev.key = cur.key ORDER BY cur.number")

@@ -1,0 +1,66 @@
+"""Stage 5a: copy the previous version's shards that this version keeps whole into staging.
+
+Copies are server-side on S3 (``CopyObject``, its SHA-256 computed by the store and compared with
+the previous manifest's) and hard links locally (hashed, and compared the same way), a few at a
+time on threads: no shard's bytes pass through this worker's memory. Each copy's check is staged
+like a written shard's, so the validate stage adds it up with the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .. import layout
+from ..config import BuildConfig
+from ..documents import read_json, write_json
+from ..errors import BuildError
+from ..parallel import ordered_map
+from ..storage import Storage, join
+from .staging import CHECKED, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
+from .validate import members_digest
+
+COPY_THREADS = 8
+
+
+def reuse_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_progress,
+                threads: int = COPY_THREADS) -> dict[str, Any]:
+    """Copy and check every reused shard of the plan; returns how many and their bytes."""
+    reuse = read_json(storage, staged(cfg, PLAN))["reuse"]
+    storage.prime(cfg.staging_uri)
+    results = list(ordered_map(lambda item: reuse_shard(cfg, storage, *item, progress=progress),
+                               sorted(reuse.items()), threads))
+    return {"reused": len(results), "num_bytes": sum(r["num_bytes"] for r in results)}
+
+
+def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],
+                progress: Progress = no_progress) -> dict[str, Any]:
+    """Copy one shard of a previous version (and its ``.tfindex``) to ``shard`` in staging; check both
+    against the previous manifest, and the members planned for it; stage its receipt and check."""
+    old = join(cfg.dataset_uri, origin["version"], origin["file"])
+    new = staged(cfg, SHARDS, shard)
+    advice = "rebuild in full (--full on the command line, full_rebuild in the DAG)"
+    try:
+        storage.copy(old, new, origin["sha256"])
+        storage.copy(layout.index_file(old), layout.index_file(new))
+    except FileNotFoundError:
+        raise BuildError(f"{old} (or its {layout.INDEX_SUFFIX}) is gone from version {origin['version']}: "
+                         f"{advice}") from None
+    if (held := storage.sha256_of(new)) != origin["sha256"]:
+        raise BuildError(f"{old} hashes to {held}, not to the sha256 its manifest gives: {advice}")
+    index_sha = storage.sha256_of(layout.index_file(new))
+    if origin.get("index_sha256") and index_sha != origin["index_sha256"]:
+        raise BuildError(f"{layout.index_file(old)} is not the one version {origin['version']} published: {advice}")
+    members = storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))  # bounded by the shard size
+    names, count = members_digest(members)
+    if count != origin["num_records"]:
+        raise BuildError(f"{old} holds {origin['num_records']} records, the plan keeps {count} of them")
+    members_sha = hashlib.sha256(members).hexdigest()
+    source = {"version": origin["version"], "file": origin["file"]}
+    common = {"file": shard, "num_records": count, "num_bytes": origin["num_bytes"], "sha256": origin["sha256"],
+              "members_sha256": members_sha, "index_sha256": index_sha, "reused_from": source}
+    write_json(storage, staged(cfg, RECEIPTS, shard + ".json"), common)
+    result = {**common, "names": names, "source_bytes": 0}
+    write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
+    progress(count)
+    return result
