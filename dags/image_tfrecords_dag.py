@@ -11,10 +11,17 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 2. **inspect_images** hashes, identifies and fully decodes every image (bad ones become rejects);
 3. **split** resolves duplicates and assigns each image to a split from a salted hash of its
    content, then writes `labels.csv` and `rejects.csv`;
-4. **plan** decides the shards of each split (from `shard_size_mb`) and their members;
-5. **write_shards** writes the shards (and their `.tfindex` offsets), one mapped task each (named
-   after its shard), and re-reads each from the store to check it (CRCs, schema, each record
-   against its planned row, checksums);
+4. **plan** decides the shards of each split (from `shard_size_mb`) and their members. Once a
+   version is published, builds are **incremental**: the previous version's shards whose records
+   are all unchanged are reused, those that lost or changed records are rewritten from the previous
+   shard, and added or changed images go into new shards (a full rebuild when the `full_rebuild`
+   param is set, when splits, salt, shard size or compression changed, or to compact once there
+   would be more than 1.5x the shards of a full build). Unchanged files are not read again:
+   **inspect_images** takes over the previous version's `inspected.csv` rows for them;
+5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
+   against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
+   shards (and their `.tfindex` offsets), one mapped task each (named after its shard), and re-reads
+   each from the store to check it (CRCs, schema, each record against its planned row, checksums);
 6. **validate** adds those checks up (counts per split, the records are the ones `labels.csv`
    lists, no image in two splits) and stages `manifest.json`;
 7. **card** renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
@@ -100,6 +107,9 @@ PARAMS = {
     "force": Param(False, type="boolean", section="Build", title="Rebuild even if unchanged",
                    description="Build and publish even when the source listing and params are the same as "
                                "the previous published version's (otherwise the run skips the work)."),
+    "full_rebuild": Param(False, type="boolean", section="Build", title="Full rebuild",
+                          description="Reuse nothing of the previous version: re-read every image and rewrite "
+                                      "every shard (also compacts the shards); builds even when unchanged."),
     "version": Param(None, type=["null", "string"], section="Output", title="Version (optional)",
                      description="Override the version name; empty means the run's logical date."),
 }
@@ -162,7 +172,8 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
                           shard_size_mb=params["shard_size_mb"], compression=params["compression"],
                           max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
                           max_file_mb=params.get("max_file_mb", config.DEFAULT_MAX_FILE_MB),
-                          max_pixels=params.get("max_pixels", config.MAX_PIXELS))
+                          max_pixels=params.get("max_pixels", config.MAX_PIXELS),
+                          full=bool(params.get("full_rebuild", False)))
         storage = airflow_storage()
         if stage is stages.discover_stage:
             check_locations(cfg)
@@ -220,7 +231,8 @@ def image_tfrecords() -> None:
     @task.short_circuit
     def source_changed(found: dict[str, Any]) -> bool:
         """Skip everything downstream when nothing changed since the previous published version."""
-        if found["unchanged_since"] and not get_current_context()["params"]["force"]:
+        params = get_current_context()["params"]
+        if found["unchanged_since"] and not (params["force"] or params.get("full_rebuild")):
             log.info("source listing and params unchanged since version %s: nothing new to build",
                      found["unchanged_since"])
             from image_tfrecords import stages
@@ -262,7 +274,16 @@ def image_tfrecords() -> None:
                 "num_bytes": sum(r["num_bytes"] for r in receipts)}
 
     @task
-    def validate(written: Any) -> dict[str, Any]:
+    def reuse_shards(planned: list[int]) -> dict[str, Any]:
+        """Copy the previous version's shards this version keeps whole into staging (server-side, checked)."""
+        from image_tfrecords import stages
+
+        return _run(stages.reuse_stage)
+
+    # Runs when there was nothing to write (all shards reused: write_shards is mapped over nothing
+    # and skipped); a source_changed skip still skips it.
+    @task(trigger_rule="none_failed_min_one_success")
+    def validate(reused: dict[str, Any]) -> dict[str, Any]:
         """Add up the write tasks' shard checks (re-reading any shard not checked) and stage manifest.json."""
         from image_tfrecords import stages
 
@@ -296,7 +317,9 @@ def image_tfrecords() -> None:
     inspected = inspect_images()
     source_changed(found) >> inspected
     shard_tasks = plan(split(inspected))
-    publish(card(validate(write_shards.expand(task_index=shard_tasks)))) >> clean_stale_staging()
+    validated = validate(reuse_shards(shard_tasks))
+    write_shards.expand(task_index=shard_tasks) >> validated
+    publish(card(validated)) >> clean_stale_staging()
 
 
 image_tfrecords()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from image_tfrecords.sample import make_sample
 from image_tfrecords.storage import Storage
 from tests.test_cli import assert_matches_source
 from tests.tf_reader import read_version
@@ -53,9 +55,9 @@ def s3_source(sample_dir: Path, bucket: str, s3_storage: Storage) -> str:
     return f"s3://{bucket}/incoming"
 
 
-def test_dag_publishes_to_s3_and_reruns_identically(airflow_env: dict[str, str], s3_server: S3Server,
-                                                    s3_source: str, bucket: str, s3_storage: Storage,
-                                                    sample_dir: Path) -> None:
+def test_dag_publishes_to_s3_reruns_identically_and_builds_incrementally(
+        airflow_env: dict[str, str], s3_server: S3Server, s3_source: str, bucket: str, s3_storage: Storage,
+        sample_dir: Path, tmp_path: Path) -> None:
     conf = {"source": s3_source, "destination": f"s3://{bucket}/datasets", "dataset": "shapes",
             "shard_size_mb": 0.05, "salt": "e2e"}
     first = dags_test(airflow_env, s3_server, "2026-11-01T02:00:00+00:00", conf)
@@ -112,6 +114,39 @@ def test_dag_publishes_to_s3_and_reruns_identically(airflow_env: dict[str, str],
     after = {f.key: s3_storage.sha256_of(f"{root}/{f.key}") for f in s3_storage.iter_files(root)}
     assert after == before, "a rerun must write the same bytes and nothing more"
     assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": "20261102T020000Z"}
+
+    # Two incremental nights: the source gains, loses and changes images; each night reuses what it can.
+    mirror = tmp_path / "mirror"  # the source as it is now, to check the records against
+    shutil.copytree(sample_dir, mirror)
+    extra = tmp_path / "extra"
+    make_sample(str(extra), per_class=5, seed=7)
+    night2 = {"circles/new-a.jpg": (extra / "circles" / "circle_000.jpg").read_bytes(),
+              "squares/new-b.png": (extra / "squares" / "square_004.png").read_bytes()}
+    gone = sorted(p.relative_to(mirror).as_posix() for p in (mirror / "triangles").iterdir())[0]
+    night3 = {sorted(p.relative_to(mirror).as_posix() for p in (mirror / "circles").iterdir())[1]:
+              (extra / "circles" / "circle_001.jpg").read_bytes()}  # same name, new content
+    previous = manifest2
+    for date, add, remove in (("2026-11-03T02:00:00+00:00", night2, [gone]), ("2026-11-04T02:00:00+00:00", night3, [])):
+        for name, data in add.items():
+            s3_storage.write_bytes(f"{s3_source}/{name}", data)
+            (mirror / name).write_bytes(data)
+        for name in remove:
+            s3_storage.delete(f"{s3_source}/{name}")
+            (mirror / name).unlink()
+        night = dags_test(airflow_env, s3_server, date, conf)
+        assert night.returncode == 0, night.stdout[-5000:] + night.stderr[-5000:]
+        version = date[:10].replace("-", "") + "T020000Z"
+        manifest_n, splits_n = read_version(s3_storage, f"{root}/{version}")
+        assert_matches_source(manifest_n, splits_n, mirror)
+        build = manifest_n["build"]
+        assert build["mode"] == "incremental" and build["base_version"] == previous["version"], build
+        assert build["files_inspected"] == len(add), build  # only the new and changed files were read
+        assert build["shards_reused"] > 0, build
+        reused = [s for i in manifest_n["splits"].values() for s in i["shards"] if "reused_from" in s]
+        before = {(s["file"], s["sha256"]) for i in previous["splits"].values() for s in i["shards"]}
+        assert all((s["reused_from"]["file"], s["sha256"]) in before for s in reused)
+        assert manifest_n["classes"] == manifest["classes"]
+        previous = manifest_n
 
 
 def test_dag_gzip_into_local_folder(airflow_env: dict[str, str], s3_server: S3Server, sample_dir: Path,

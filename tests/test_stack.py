@@ -155,6 +155,9 @@ def _splits(storage: Storage, version_uri: str) -> dict[str, str]:
     return {row["filename"]: row["split"] for row in rows}
 
 
+NIGHT_CONF = {"shard_size_mb": 0.02}  # the backfilled nights' params
+
+
 def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: seaweedfs.S3Server, bucket: str,
                                                       s3_storage: Storage, sample_dir: Path, tmp_path: Path) -> None:
     started = time.monotonic()
@@ -219,7 +222,8 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
 
         # 2. A backfill over three past nights: each run sees the source as of its logical date.
         subprocess.run([AIRFLOW, "backfill", "create", "--dag-id", "image_tfrecords", "--from-date",
-                        "2026-11-10T00:00:00+00:00", "--to-date", "2026-11-12T03:00:00+00:00"], env=env, check=True,
+                        "2026-11-10T00:00:00+00:00", "--to-date", "2026-11-12T03:00:00+00:00",
+                        "--max-active-runs", "1", "--dag-run-conf", json.dumps(NIGHT_CONF)], env=env, check=True,
                        capture_output=True, timeout=300)
         versions = [d.strftime("%Y%m%dT020000Z") for d in days]
 
@@ -237,13 +241,22 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
         assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": nightly_version}
         first, last = _splits(s3_storage, f"{root}/{versions[0]}"), _splits(s3_storage, f"{root}/{versions[-1]}")
         assert all(last[name] == split for name, split in first.items()), "earlier images keep their split"
+        # One night after another, each builds incrementally on the night before it (issue 12).
+        # (Small shards, so that the nights keep several and no night compacts.)
+        for i, (before, version) in enumerate(itertools.pairwise(versions), start=1):
+            build = read_version(s3_storage, f"{root}/{version}")[0]["build"]
+            assert build["mode"] == "incremental" and build["base_version"] == before, build
+            assert build["files_inspected"] == len(images[i::3]), build  # only that night's new images
+            assert build["inspections_reused"] == sum(len(images[j::3]) for j in range(i)), build
+            assert build["shards_reused"] > 0 and build["source_bytes_read"] > 0, build
 
         # 3. The next night, nothing new: the run skips the work and publishes nothing. (One backfill
         # at a time per DAG: wait until the scheduler has marked the first one completed.)
         _wait(lambda: all(b["completed_at"] for b in stack.call("GET", "/backfills?dag_id=image_tfrecords")[
             "backfills"]), 120, "the first backfill to be marked completed", interval=2)
         subprocess.run([AIRFLOW, "backfill", "create", "--dag-id", "image_tfrecords", "--from-date",
-                        "2026-11-13T00:00:00+00:00", "--to-date", "2026-11-13T03:00:00+00:00"], env=env, check=True,
+                        "2026-11-13T00:00:00+00:00", "--to-date", "2026-11-13T03:00:00+00:00",
+                        "--dag-run-conf", json.dumps(NIGHT_CONF)], env=env, check=True,
                        capture_output=True, timeout=300)
 
         def quiet_night() -> dict | None:

@@ -146,6 +146,27 @@ class Card:
     def first_version(self) -> None:
         self.blocks += [Heading("Changes since the previous version"),
                         Para("This is the first version of the dataset: there is no previous version.")]
+        self.build()
+
+    def build(self) -> None:
+        """How the version was made: incremental on which version (or full, and why), what it reused."""
+        build = self.m.get("build")
+        if not build:
+            return
+        how = (f"incremental, on version {build.get('base_version')}" if build.get("mode") == "incremental"
+               else f"full rebuild ({build.get('full_because')})")
+        self.blocks += [Para("How this version was built: reused shards were copied from the previous version "
+                             "unchanged; rewritten ones were copied record by record from a previous shard, without "
+                             "the records that left; written ones were made from the source images."),
+                        Table(("build", "value"), [
+                            ("mode", how),
+                            ("shards reused", int(build.get("shards_reused", 0))),
+                            ("shards rewritten", int(build.get("shards_rewritten", 0))),
+                            ("shards written", int(build.get("shards_written", 0))),
+                            ("files inspected", int(build.get("files_inspected", 0))),
+                            ("inspections reused", int(build.get("inspections_reused", 0))),
+                            ("MB read from the source", _mb(build.get("source_bytes_read", 0))),
+                        ])]
 
     def changes(self, old_manifest: dict[str, Any], old: LabelScan, diff: Diff) -> None:
         now, before = self.scan.classes(), old.classes()
@@ -170,6 +191,7 @@ class Card:
         rows.append(("total", old.counts.total(), self.scan.counts.total(),
                      f"{self.scan.counts.total() - old.counts.total():+,}"))
         self.blocks.append(Table(("split", "previous", "this version", "change"), rows))
+        self.build()
 
     def params(self) -> None:
         params = self.m.get("params", {})
