@@ -20,7 +20,7 @@ out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dag_ids": s
 dag = bag.dags.get("image_tfrecords")
 if dag is not None:
     out["tasks"] = {t.task_id: {
-        "upstream": sorted(t.upstream_task_ids), "retries": t.retries,
+        "upstream": sorted(t.upstream_task_ids), "retries": t.retries, "trigger_rule": getattr(t.trigger_rule, "value", t.trigger_rule),
         "retry_delay": t.retry_delay.total_seconds(), "timeout": t.execution_timeout.total_seconds(),
         "backoff": t.retry_exponential_backoff, "mapped": any(c.__name__ == "MappedOperator" for c in type(t).__mro__),
         "map_index_template": getattr(t, "map_index_template", None),
@@ -64,9 +64,11 @@ def test_task_graph(dag_info: dict) -> None:
     tasks = dag_info["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
         "discover": [], "source_changed": ["discover"], "inspect_images": ["source_changed"],
-        "split": ["inspect_images"], "plan": ["split"],
-        "write_shards": ["plan"], "validate": ["write_shards"], "card": ["validate"], "publish": ["card"],
-        "clean_stale_staging": ["publish"]}
+        "split": ["inspect_images"], "plan": ["split"], "reuse_shards": ["plan"],
+        "write_shards": ["plan"], "validate": ["reuse_shards", "write_shards"], "card": ["validate"],
+        "publish": ["card"], "clean_stale_staging": ["publish"]}
+    # validate runs when every shard is reused (write_shards then maps over nothing and is skipped).
+    assert tasks["validate"]["trigger_rule"] == "none_failed_min_one_success"
     # The cleanup runs whether the run failed or not, and does not decide the run's state.
     assert [k for k, v in tasks.items() if v["is_teardown"]] == ["clean_stale_staging"]
     writer = tasks["write_shards"]
@@ -97,7 +99,9 @@ def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
         assert param["schema"].get("title") and param["description"], name
         assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build", "Bad input"), name
     assert (params["max_file_mb"], params["max_pixels"]) == (256, 89_478_485)
-    BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force")}, version="20261101T020000Z")
+    cfg = BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force", "full_rebuild")},
+                      version="20261101T020000Z", full=params["full_rebuild"])
+    assert cfg.full is False  # incremental by default
 
 
 @pytest.mark.parametrize("dag_file", ["image_tfrecords_dag.py", "image_tfrecords_consumer.py"])
