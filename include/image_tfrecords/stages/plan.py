@@ -8,11 +8,15 @@ compression) makes each split of
 1. the base's shards whose records are all still here, unchanged: *reused*, copied as they are;
 2. the base's other shards that keep some records: *rewritten* from the base's shard, without the
    records that left or changed (their images are not read again);
-3. new shards for the added and changed images, dealt as a full build deals.
+3. the added and changed images: first appended to the split's *tail*, the kept shard holding the
+   fewest bytes when it is below ``shard_size_mb`` (it is rewritten, with them at its end), up to
+   ``shard_size_mb``; the rest go into new shards, dealt as a full build deals. So a night's few
+   images do not each make a small shard per split, and the shard count follows the data.
 
-Within every shard records are in order of ``planning.order_key`` (then row number), in both
-kinds of build. When an incremental build would make more than ``COMPACTION_FACTOR`` times the shards
-of a full build, it compacts: it is planned as a full build.
+A full build writes each shard's records in order of ``planning.order_key`` (then row number); a
+rewritten shard keeps the order of the shard it is made from, then its appended records in that
+order. When an incremental build would make more than ``COMPACTION_FACTOR`` times the shards of a
+full build (after many deletions), it compacts: it is planned as a full build.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Layout:
     reuse: dict[str, dict[str, Any]] = field(default_factory=dict)  # shard -> the base's shard it copies
     rewrite: dict[str, dict[str, Any]] = field(default_factory=dict)  # shard -> the base's shard it filters
     shard_of: Any = None  # numpy array: record row number -> index into all_files
+    appended: Any = None  # numpy bool array: record row number -> appended to a rewritten shard
 
     @property
     def all_files(self) -> list[str]:
@@ -101,7 +106,7 @@ def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) ->
     import numpy as np
 
     keys, sizes, split_of = records
-    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64))
+    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64), appended=np.zeros(len(keys), dtype=bool))
     for i, split in enumerate(splits):
         rows = np.flatnonzero(split_of == i)
         count = planning.shard_count(int(sizes[rows].sum()), len(rows), cfg.shard_size_mb)
@@ -134,29 +139,43 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
         if shard in index_of:
             origin[number] = index_of[shard]
             kept[index_of[shard]] += 1
-    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64))
+    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64), appended=np.zeros(len(keys), dtype=bool))
+    target = cfg.shard_size_mb * planning.MB
     for i, split in enumerate(splits):
         rows = np.flatnonzero(split_of == i)
         mine = [(b, s) for b, (name, s) in enumerate(base_shards) if name == split and kept[b]]
+        held = {b: int(sizes[rows[origin[rows] == b]].sum()) for b, _ in mine}  # bytes each keeps
         fresh = rows[origin[rows] < 0]
+        fresh = fresh[np.lexsort((fresh, keys[fresh]))]  # in order key order (then row number)
+        tail = min((b for b, _ in mine if held[b] < target), key=lambda b: (held[b], b), default=None)
+        into_tail = 0
+        if tail is not None and len(fresh):
+            room = target - held[tail]
+            into_tail = int(np.searchsorted(np.cumsum(sizes[fresh]), room, side="right"))
+        appended, fresh = fresh[:into_tail], fresh[into_tail:]
         new = planning.shard_count(int(sizes[fresh].sum()), len(fresh), cfg.shard_size_mb)
         total = len(mine) + new
         names = [planning.ShardSpec(split, j, total, cfg.compression).file for j in range(total)]
         for j, (b, shard) in enumerate(mine):
             source = {"version": base.version, "file": shard["file"], "sha256": shard["sha256"],
                       "num_records": shard["num_records"], "num_bytes": shard["num_bytes"],
-                      "index_sha256": shard.get("index_sha256")}
-            whole = kept[b] == shard["num_records"]
-            (layout.reuse if whole else layout.rewrite)[names[j]] = source
+                      "index_sha256": shard.get("index_sha256"), "kept": kept[b]}
+            if kept[b] == shard["num_records"] and not (b == tail and len(appended)):
+                layout.reuse[names[j]] = source
+            else:
+                layout.rewrite[names[j]] = {**source, "appended": len(appended) if b == tail else 0}
             layout.shard_of[rows[origin[rows] == b]] = len(layout.all_files) + j
+            if b == tail:
+                layout.shard_of[appended] = len(layout.all_files) + j
+                layout.appended[appended] = True
         layout.files[split] = names[: len(mine)]
         _add_fresh(cfg, layout, split, fresh, keys, new, first=len(mine), total=total)
     return layout
 
 
 def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any, tmp: str) -> None:
-    """Stage labels.csv (each record's row and shard) and each shard's members (``members/{shard}.csv``,
-    in order of order key, then row number)."""
+    """Stage labels.csv (each record's row and shard) and each shard's members (``members/{shard}.csv``:
+    in order of order key, then row number; a rewritten shard's appended records after the others)."""
     files = layout.all_files
     folder = os.path.join(tmp, "members")
     os.makedirs(folder)
@@ -173,7 +192,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
         for number, row in enumerate(rows):
             row["shard"] = shard = files[int(layout.shard_of[number])]
             labels.write(row)
-            buffers[shard].append(json.dumps([float(keys[number]), number, row]) + "\n")
+            buffers[shard].append(json.dumps([bool(layout.appended[number]), float(keys[number]), number, row]) + "\n")
             if number % 5_000 == 4_999:
                 flush()
     flush()
@@ -184,7 +203,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
         with open(path, encoding="utf-8") as f:
             members = sorted(json.loads(line) for line in f)  # one shard's rows: bounded by the shard size
         with RowWriter(storage, staged(cfg, MEMBERS, shard + ".csv"), LABELS_FIELDS) as out:
-            for _, _, row in members:
+            for *_, row in members:
                 out.write(row)
 
 

@@ -64,6 +64,7 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     members_data = storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))  # bounded by the shard size
     members_sha = hashlib.sha256(members_data).hexdigest()
     members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
+    unseen = {m["filename"]: m for m in members}  # records are matched by name: a rewritten shard keeps its order
     count, position, index = 0, 0, []
     try:
         with storage.open_read(uri) as stream:
@@ -72,7 +73,7 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
                 for count, record in enumerate(read_records(raw, cfg.compression), start=1):  # type: ignore[arg-type]
                     if count > len(members):
                         raise BuildError(f"shard {shard} holds more records than the {len(members)} planned")
-                    _check_record(shard, count - 1, record, members[count - 1])
+                    _check_record(shard, count - 1, record, unseen)
                     index.append(f"{position} {len(record) + _RECORD_OVERHEAD}\n")
                     position += len(record) + _RECORD_OVERHEAD
                     progress(1)
@@ -101,7 +102,8 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     return result
 
 
-def _check_record(shard: str, index: int, record: bytes, member: dict[str, str]) -> None:
+def _check_record(shard: str, index: int, record: bytes, unseen: dict[str, dict[str, str]]) -> None:
+    """Check one record against the member of its name (removed from ``unseen``: a name counts once)."""
     where = f"shard {shard} record {index}"
     try:
         example = decode_example(record)
@@ -109,12 +111,18 @@ def _check_record(shard: str, index: int, record: bytes, member: dict[str, str])
         raise BuildError(f"{where} does not parse as a tf.train.Example: {exc}") from exc
     if set(example) != set(FEATURES):
         raise BuildError(f"{where} has keys {sorted(example)}, expected {sorted(FEATURES)}")
-    expected = example_features(member, b"")
     for key, dtype in FEATURES.items():
         values = example[key]
         kind = bytes if dtype == "string" else int
         if len(values) != 1 or not isinstance(values[0], kind):
             raise BuildError(f"{where}: {key} is not one {dtype}")
+    name = example["image/filename"][0].decode("utf-8", "surrogateescape")  # type: ignore[union-attr]
+    member = unseen.pop(name, None)
+    if member is None:
+        raise BuildError(f"{where}: {name!r} is not planned for this shard, or is in it twice")
+    expected = example_features(member, b"")
+    for key in FEATURES:
+        values = example[key]
         if key != "image/encoded" and values[0] != expected[key]:
             raise BuildError(f"{where}: {key} is {values[0]!r}, the plan says {expected[key]!r}")
     if hashlib.sha256(example["image/encoded"][0]).hexdigest() != member["encoded_sha256"]:  # type: ignore[arg-type]

@@ -7,9 +7,12 @@ step that follows only adds up per-shard results.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .. import layout
@@ -73,6 +76,25 @@ def _stage(cfg: BuildConfig, storage: Storage, shard: str, path: str, writer: TF
     return receipt
 
 
+def _from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[str, str]],
+                 read_workers: int) -> Iterator[tuple[bytes, int]]:
+    """Each member's record (``tf.train.Example`` bytes) from its image in the source, and the bytes read."""
+    def fetch(row: dict[str, str]) -> tuple[dict[str, str], bytes]:
+        try:
+            return row, read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+        except RejectedImage as exc:
+            raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
+
+    for row, data in ordered_map(fetch, rows, read_workers):
+        if hashlib.sha256(data).hexdigest() != row["sha256"]:
+            raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
+        try:
+            encoded = stored_bytes(data, row, cfg.max_pixels)
+        except (ValueError, RejectedImage) as exc:
+            raise BuildError(f"{row['filename']}: {exc}") from exc
+        yield encode_example(example_features(row, encoded)), len(data)
+
+
 def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,
                 read_workers: int = 4) -> dict[str, Any]:
     """Write one shard from its member list (images read from the source) and stage it whole; skip if
@@ -82,63 +104,58 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
     if (receipt := _already_written(cfg, storage, shard, members_sha)) is not None:
         progress(receipt["num_records"])
         return receipt
-
-    def fetch(row: dict[str, str]) -> tuple[dict[str, str], bytes]:
-        try:
-            return row, read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
-        except RejectedImage as exc:
-            raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
-
     source_bytes = 0
     with tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
         path = os.path.join(tmp, shard)
         with read_rows(storage, members_uri) as rows, open(path, "wb") as file, \
                 TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
-            for row, data in ordered_map(fetch, rows, read_workers):
-                if hashlib.sha256(data).hexdigest() != row["sha256"]:
-                    raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
-                try:
-                    encoded = stored_bytes(data, row, cfg.max_pixels)
-                except (ValueError, RejectedImage) as exc:
-                    raise BuildError(f"{row['filename']}: {exc}") from exc
-                writer.write(encode_example(example_features(row, encoded)))
-                source_bytes += len(data)
+            for record, read in _from_source(cfg, storage, rows, read_workers):
+                writer.write(record)
+                source_bytes += read
                 progress(1)
         return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=source_bytes)
 
 
 def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],
-                  progress: Progress = no_progress) -> dict[str, Any]:
-    """Write one shard by copying, record by record, the members it keeps of a previous version's shard
-    (``origin``: its version, file and sha256); nothing is read from the source. The previous shard
-    must still hash to what its manifest says."""
+                  progress: Progress = no_progress, read_workers: int = 4) -> dict[str, Any]:
+    """Write one shard from a previous version's shard (``origin``: its version, file and sha256): the
+    first ``origin["kept"]`` members are copied record by record from it, in its order (their images are
+    not read); the members after them are appended from the source. The previous shard must still hash
+    to what its manifest says."""
     members_uri = staged(cfg, MEMBERS, shard + ".csv")
-    members_sha = hashlib.sha256(storage.read_bytes(members_uri)).hexdigest()
+    members_data = storage.read_bytes(members_uri)  # bounded by the shard size
+    members_sha = hashlib.sha256(members_data).hexdigest()
     if (receipt := _already_written(cfg, storage, shard, members_sha)) is not None:
         progress(receipt["num_records"])
         return receipt
+    members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
+    wanted = {row["filename"] for row in members[: origin["kept"]]}
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
-    advice = "rebuild it in full (--full on the command line, full_rebuild in the DAG)"
+    advice = "rebuild in full (--full on the command line, full_rebuild in the DAG)"
+    source_bytes = 0
     with tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
         path = os.path.join(tmp, shard)
-        with read_rows(storage, members_uri) as rows, storage.open_read(old) as stream, open(path, "wb") as file, \
+        with storage.open_read(old) as stream, open(path, "wb") as file, \
                 TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
             held = HashingReader(stream)
-            want = next(rows, None)
             try:
                 for record in read_records(held, cfg.compression):  # type: ignore[arg-type]
-                    if want is not None and _filename_of(record) == want["filename"]:
+                    if wanted and (name := _filename_of(record)) in wanted:
                         writer.write(record)
+                        wanted.discard(name)
                         progress(1)
-                        want = next(rows, None)
             except CorruptRecordError as exc:
                 raise BuildError(f"{old} is damaged ({exc}): {advice}") from exc
             held.drain()
-        if held.sha256.hexdigest() != origin["sha256"]:
-            raise BuildError(f"{old} no longer hashes to the sha256 its manifest gives: {advice}")
-        if want is not None:
-            raise BuildError(f"{old} does not hold {want['filename']} where its labels.csv puts it: {advice}")
-        return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=0,
+            if held.sha256.hexdigest() != origin["sha256"]:
+                raise BuildError(f"{old} no longer hashes to the sha256 its manifest gives: {advice}")
+            if wanted:
+                raise BuildError(f"{old} does not hold {min(wanted)}, which its labels.csv puts there: {advice}")
+            for record, read in _from_source(cfg, storage, members[origin["kept"]:], read_workers):
+                writer.write(record)
+                source_bytes += read
+                progress(1)
+        return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=source_bytes,
                       rewritten_from={"version": origin["version"], "file": origin["file"]})
 
 
