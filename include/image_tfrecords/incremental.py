@@ -16,7 +16,6 @@ temporary folder, so memory stays flat however many files there are.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from typing import Any
 
 from . import __version__, layout
 from .config import BuildConfig
+from .discovery import DISCOVERED_FIELDS
 from .documents import read_rows
 from .manifest import RECORD_FIELDS, feature_spec
 from .storage import Storage, join
@@ -99,34 +99,57 @@ def _database(folder: str, name: str, schema: str) -> sqlite3.Connection:
     return db
 
 
-class InspectionCache:
-    """The base's inspected.csv, looked up by file name, size and stamp."""
+class Inspections:
+    """The discovered files, each with the base's inspection of it when name, size and stamp still match.
 
-    def __init__(self, db: sqlite3.Connection | None) -> None:
-        self._db = db
+    ``all()`` gives ``(discovered row, previous inspected.csv row or None)`` in listing order;
+    ``unread()`` gives the discovered rows that have none (the files to read), in the same order.
+    Without a base (or its inspected.csv) every file is unread and nothing is loaded.
+    """
 
-    def get(self, filename: str, num_bytes: str, stamp: str) -> dict[str, str] | None:
-        """The base's inspection of this file (an image's facts, or a reject's reason), if still valid."""
-        if self._db is None or not stamp:
-            return None
-        found = self._db.execute("SELECT row FROM inspected WHERE filename = ? AND num_bytes = ? AND stamp = ?",
-                                 (filename, num_bytes, stamp)).fetchone()
-        return json.loads(found[0]) if found else None
+    def __init__(self, storage: Storage, discovered: str, db: sqlite3.Connection | None) -> None:
+        self._storage, self._discovered, self._db = storage, discovered, db
+
+    def all(self) -> Iterator[tuple[dict[str, str], dict[str, str] | None]]:
+        if self._db is None:
+            with read_rows(self._storage, self._discovered) as rows:
+                yield from ((row, None) for row in rows)
+            return
+        width = len(DISCOVERED_FIELDS)
+        for found in self._db.execute(_JOIN + " ORDER BY d.number"):
+            row = dict(zip(DISCOVERED_FIELDS, found[:width], strict=True))
+            yield row, (dict(zip(INSPECTION_FIELDS, found[width:], strict=True)) if found[width] is not None else None)
+
+    def unread(self) -> Iterator[dict[str, str]]:
+        if self._db is None:
+            with read_rows(self._storage, self._discovered) as rows:
+                yield from rows
+            return
+        for found in self._db.execute(_JOIN + " WHERE p.filename IS NULL ORDER BY d.number"):
+            yield dict(zip(DISCOVERED_FIELDS, found[: len(DISCOVERED_FIELDS)], strict=True))
+
+
+_JOIN = ("SELECT d.filename, d.label, d.num_bytes, d.stamp, p.* FROM d LEFT JOIN p ON p.filename = d.filename "
+         "AND p.num_bytes = d.num_bytes AND p.stamp = d.stamp AND d.stamp != ''")
 
 
 @contextmanager
-def inspection_cache(storage: Storage, base: Base | None, folder: str) -> Iterator[InspectionCache]:
-    """An ``InspectionCache`` of ``base`` (an empty one for None, or a base without inspected.csv)."""
+def inspections(storage: Storage, base: Base | None, discovered: str, folder: str) -> Iterator[Inspections]:
+    """``Inspections`` of the files listed in ``discovered`` against ``base`` (None: reuse nothing)."""
     uri = join(base.uri, layout.INSPECTED) if base else None
     if uri is None or not storage.exists(uri):
-        yield InspectionCache(None)
+        yield Inspections(storage, discovered, None)
         return
-    with closing(_database(folder, "inspected.db", "CREATE TABLE inspected "
-                           "(filename TEXT PRIMARY KEY, num_bytes TEXT, stamp TEXT, row TEXT)")) as db:
+    columns = ", ".join(f"{name} TEXT" for name in INSPECTION_FIELDS)
+    with closing(_database(folder, "inspected.db", f"CREATE TABLE p ({columns}, PRIMARY KEY (filename))")) as db:
+        db.execute("CREATE TABLE d (number INTEGER PRIMARY KEY, filename TEXT, label TEXT, num_bytes TEXT, stamp TEXT)")
         with read_rows(storage, uri) as rows:
-            db.executemany("INSERT OR REPLACE INTO inspected VALUES (?, ?, ?, ?)",
-                           ((r["filename"], r["num_bytes"], r["stamp"], json.dumps(r)) for r in rows))
-        yield InspectionCache(db)
+            db.executemany(f"INSERT OR REPLACE INTO p VALUES ({', '.join('?' * len(INSPECTION_FIELDS))})",
+                           (tuple(r.get(name) or "" for name in INSPECTION_FIELDS) for r in rows))
+        with read_rows(storage, discovered) as rows:
+            db.executemany("INSERT INTO d VALUES (?, ?, ?, ?, ?)",
+                           ((n, *(r.get(name) or "" for name in DISCOVERED_FIELDS)) for n, r in enumerate(rows)))
+        yield Inspections(storage, discovered, db)
 
 
 def survivors(storage: Storage, base: Base, records_uri: str, folder: str) -> Iterator[tuple[int, str]]:

@@ -7,12 +7,12 @@ from typing import Any
 
 from .. import __version__, layout
 from ..config import BuildConfig
-from ..discovery import DiscoveryCounts, discover
+from ..discovery import DISCOVERED_FIELDS, DiscoveryCounts, discover
 from ..documents import RowWriter, write_json
 from ..errors import BuildError
 from ..manifest import REJECTS_FIELDS
 from ..storage import Storage, join
-from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, DISCOVERED_FIELDS, staged
+from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, staged
 
 
 def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from functools import partial
 from typing import Any
 
 from ..config import BuildConfig
-from ..documents import RowWriter, read_json, read_rows, write_json
-from ..incremental import INSPECTION_FIELDS, InspectionCache, base_of, inspection_cache, why_not_reuse_inspection
+from ..documents import RowWriter, read_json, write_json
+from ..incremental import INSPECTION_FIELDS, base_of, inspections, why_not_reuse_inspection
 from ..manifest import REJECTS_FIELDS
 from ..parallel import batched_map, ordered_map
 from ..probe import RejectedImage, inspect_image
@@ -63,25 +63,22 @@ def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress
     why_not = why_not_reuse_inspection(cfg, base)
     inspect = partial(inspect_one, storage, cfg)
     read = {"files": 0, "bytes": 0}
-    with tempfile.TemporaryDirectory() as tmp, inspection_cache(storage, None if why_not else base, tmp) as cache, \
-            read_rows(storage, staged(cfg, DISCOVERED)) as rows, \
+    with tempfile.TemporaryDirectory() as tmp, \
+            inspections(storage, None if why_not else base, staged(cfg, DISCOVERED), tmp) as known, \
             RowWriter(storage, staged(cfg, INSPECTED), INSPECTED_FIELDS) as good, \
             RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects, \
             RowWriter(storage, staged(cfg, INSPECTION), INSPECTION_FIELDS) as inspection:
 
         def to_read() -> Iterator[dict[str, str]]:
-            with read_rows(storage, staged(cfg, DISCOVERED)) as again:
-                for row in again:
-                    if _lookup(cache, row) is None:
-                        read["files"] += 1
-                        read["bytes"] += int(row["num_bytes"])
-                        yield row
+            for row in known.unread():
+                read["files"] += 1
+                read["bytes"] += int(row["num_bytes"])
+                yield row
 
         fresh = batched_map(inspect, to_read(), processes, workers) if processes else \
             ordered_map(inspect, to_read(), workers)
-        for row in rows:
-            known = _lookup(cache, row)
-            result = next(fresh) if known is None else _carried(row, known)
+        for row, before in known.all():
+            result = next(fresh) if before is None else _carried(row, before)
             (rejects if "reason" in result else good).write(result)
             inspection.write({**result, "num_bytes": row["num_bytes"], "stamp": row["stamp"]})
             progress(1)
@@ -90,7 +87,3 @@ def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress
                "base_version": base.version if base else None, "not_reused_because": why_not}
     write_json(storage, staged(cfg, INSPECT_SUMMARY), summary)
     return {key: summary[key] for key in ("inspected", "rejected", "files_read", "files_reused")}
-
-
-def _lookup(cache: InspectionCache, row: dict[str, str]) -> dict[str, str] | None:
-    return cache.get(row["filename"], row["num_bytes"], row.get("stamp", ""))

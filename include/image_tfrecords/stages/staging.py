@@ -19,7 +19,6 @@ TMP_PREFIX = ".tmp-"  # temporary files and folders inside a local staging prefi
 MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length: the most write tasks a plan makes
 
 DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
-DISCOVERED_FIELDS = ("filename", "label", "num_bytes", "stamp")
 # inspection: the images (with their labels) and the rejects; INSPECTION (every file inspected or
 # taken over from the previous version, published as inspected.csv) and its summary
 INSPECTED, INSPECT_REJECTS, INSPECT_SUMMARY = "images.csv", "rejects-inspect.csv", "inspect.json"
