@@ -1,6 +1,8 @@
 """`make bench`: the project's build against the seed-style converters and the copy floor.
 
-    python bench/run.py [--rounds 3] [--scale 10000,100000] [--out BENCHMARKS.md]
+    python bench/run.py [--rounds 3] [--scale 10000,100000] [--incremental 6000,100000] [--chain 10]
+                        [--out BENCHMARKS.md]
+    python bench/run.py --only incremental [--incremental 6000] [--out FILE]  # that section alone
     python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
 
 Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (the project's own generator, run
@@ -19,6 +21,12 @@ rotating order, the median of ``--rounds``:
 Scale runs (``--scale``) run each stage as its own process, as the DAG's tasks run (write tasks two at
 a time), and record wall time and peak RSS per stage, the XCom each task would return, and the
 number of mapped tasks. Peak RSS is the largest single process of a command (its VmHWM, sampled every 20 ms).
+
+Incremental nights (``--incremental``, issue 12): for each size, a first version, an unchanged night,
+then one night of changes (1% added, 0.1% deleted, 0.05% changed) built incrementally and with
+``--full``: wall time, bytes read from the source and written, shards reused, rewritten and written,
+and whether both give the same records; at the smallest size, a chain of ``--chain`` such nights
+shows when the plan compacts. The 100k corpus is the scale runs' one.
 Corpora and outputs live in ``.bench/`` (not committed).
 """
 
@@ -26,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import csv
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -136,25 +146,28 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | N
 
 
 # -- corpora ---------------------------------------------------------------------------------------
-def make_corpus(images: int, work: Path, parts: int = 1, synthetic: bool = False) -> tuple[Path, str]:
+def make_corpus(images: int, work: Path, parts: int = 1, synthetic: bool = False, seed: int = 0) -> tuple[Path, str]:
     """The make_corpus.py corpus of ``images`` images (cached) and where its pixels came from.
 
     Debian's photos unless ``synthetic`` or they cannot be had (a corpus of synthetic photos has a
     name of its own, so a cached one is never taken for a real one); big ones are made in ``parts``
     processes with seeds 1..parts and merged by hard links (file names are random, so they do not
-    collide)."""
+    collide). A ``seed`` other than 0 (one process only) gives other images, cached under a name of
+    their own."""
+    if seed and parts > 1:
+        raise ValueError("a seed of its own is for a corpus made in one process")
     work = work.resolve()
-    target = work / f"corpus-{images}"
+    target = work / (f"corpus-{images}" + (f"-seed{seed}" if seed else ""))
     # a cached photo corpus needs no photos at hand; otherwise they are fetched once, before any worker
     synthetic = synthetic or not ((target / ".complete").exists() or corpus_maker.debian_photos())
     if synthetic:
-        target = work / f"corpus-{images}-synthetic"
+        target = target.with_name(target.name + "-synthetic")
     done = target / ".complete"
     if done.exists():
         return target, done.read_text().strip() or "not recorded (made before the source was)"
     shutil.rmtree(target, ignore_errors=True)
     if parts <= 1:
-        _, _, source = corpus_maker.make_corpus(str(target), images, synthetic=synthetic)
+        _, _, source = corpus_maker.make_corpus(str(target), images, seed=seed, synthetic=synthetic)
     else:
         pieces = [work / f"corpus-{images}.part{i}" for i in range(parts)]
         with concurrent.futures.ProcessPoolExecutor(parts) as pool:
@@ -319,6 +332,307 @@ def run_stages(corpus: Path, work: Path) -> dict[str, Any]:
     return report
 
 
+# -- incremental nights (issue 12) -----------------------------------------------------------------
+NIGHT = {"added": 0.01, "deleted": 0.001, "changed": 0.0005}  # shares of the first version's images
+EXTRA_SEED = 101  # make_corpus seed of the second corpus: the images nights add, and changed images' new bytes
+MUTATION_SEED = 12  # which images a night deletes and changes
+SHARD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfindex")
+
+
+def night_counts(images: int) -> dict[str, int]:
+    """How many images a night adds, deletes and changes (at least one of each)."""
+    return {kind: max(1, round(images * share)) for kind, share in NIGHT.items()}
+
+
+def image_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def written_bytes(version: Path, base: Path | None) -> dict[str, int]:
+    """Bytes of the files of a published version that are not hard links of ``base``'s files (reused
+    shards are): ``shards`` (.tfrecord and .tfindex), ``other`` (labels.csv, inspected.csv, rejects.csv,
+    manifest, TFDS metadata, card) and ``linked`` (the reused, not written)."""
+    shared = set()
+    for path in image_files(base) if base else []:
+        st = path.stat()
+        shared.add((st.st_dev, st.st_ino))
+    result = {"shards": 0, "other": 0, "linked": 0}
+    for path in [p for p in version.rglob("*") if p.is_file()]:
+        st = path.stat()
+        kind = ("linked" if (st.st_dev, st.st_ino) in shared
+                else "shards" if path.name.endswith(SHARD_SUFFIXES) else "other")
+        result[kind] += st.st_size
+    return result
+
+
+def label_rows(version: Path) -> list[dict[str, str]]:
+    with open(version / "labels.csv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def full_shard_count(rows: list[dict[str, str]], shard_size_mb: float) -> int:
+    """The shards a full build of these records makes (``planning.shard_count`` per split)."""
+    from image_tfrecords import planning
+
+    sizes: dict[str, list[int]] = {}
+    for row in rows:
+        sizes.setdefault(row["split"], []).append(int(row["encoded_bytes"]))
+    return sum(planning.shard_count(sum(s), len(s), shard_size_mb) for s in sizes.values())
+
+
+class Nights:
+    """A copy of a corpus that changes night by night, and ``image-tfrecords build`` runs on it.
+
+    The copy is hard links (``cp -al``), so it costs nothing; a night never writes a file in place
+    (it unlinks first), so the cached corpus is never changed."""
+
+    def __init__(self, corpus: Path, extras: Path, folder: Path, shard_size_mb: float) -> None:
+        self.folder, self.extras, self.shard_size_mb = folder, extras, shard_size_mb
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        self.source, self.out = folder / "source", folder / "out"
+        subprocess.run(["cp", "-al", str(corpus), str(self.source)], check=True)
+        (self.source / ".complete").unlink(missing_ok=True)
+        self.pool = image_files(extras)
+        random.Random(EXTRA_SEED).shuffle(self.pool)
+
+    def take(self, count: int, suffix: str | None = None) -> list[Path]:
+        """``count`` images of the second corpus (of ``suffix``) never taken before."""
+        chosen = [p for p in self.pool if suffix is None or p.suffix == suffix][:count]
+        if len(chosen) < count:
+            raise RuntimeError(f"the second corpus ({self.extras}) has too few images left")
+        taken = set(chosen)
+        self.pool = [p for p in self.pool if p not in taken]
+        return chosen
+
+    def mutate(self, night: int, counts: dict[str, int]) -> dict[str, int]:
+        """Night ``night``'s changes, reproducibly: delete, change (a JPEG's bytes become another JPEG's,
+        unlinked and written anew, so a new size and mtime) and add (into the class folders, as in the
+        second corpus). Returns the counts and ``new_bytes``, the bytes of the added and changed images."""
+        rng = random.Random(f"{MUTATION_SEED}-{night}")
+        files = image_files(self.source)
+        deleted = rng.sample(files, counts["deleted"])
+        gone = set(deleted)
+        changed = rng.sample([p for p in files if p.suffix == ".jpg" and p not in gone], counts["changed"])
+        for path in deleted:
+            path.unlink()
+        new_bytes = 0
+        for path, donor in zip(changed, self.take(counts["changed"], ".jpg"), strict=True):
+            data = donor.read_bytes()
+            path.unlink()  # never in place: the file is a hard link into the cached corpus
+            path.write_bytes(data)
+            new_bytes += len(data)
+        for donor in self.take(counts["added"]):
+            target = self.source / donor.relative_to(self.extras)
+            if target.exists():  # names are random: this does not happen, but an add must not replace
+                target = target.with_name(f"n{night}-{target.name}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(donor, target)
+            new_bytes += target.stat().st_size
+        return {**counts, "new_bytes": new_bytes}
+
+    def build(self, version: str, dest: Path | None = None, full: bool = False) -> tuple[Run, dict[str, Any] | None]:
+        """Run the CLI; its run and the published version's manifest (None when nothing was published)."""
+        dest = dest or self.out
+        run = measure([PY, "-m", "image_tfrecords", "build", "--source", str(self.source), "--destination", str(dest),
+                       "--dataset", "nightly", "--version", version, "--workers", "2",
+                       "--shard-size-mb", f"{self.shard_size_mb:g}", "--no-progress", *(["--full"] if full else [])],
+                      cwd=ROOT)
+        folder = dest / "nightly" / version
+        published = (folder / "_SUCCESS").exists()
+        return run, json.loads((folder / "manifest.json").read_text()) if published else None
+
+
+def shard_total(manifest: dict[str, Any]) -> int:
+    return sum(len(split["shards"]) for split in manifest["splits"].values())
+
+
+def night_row(night: int, run: Run, manifest: dict[str, Any], shard_size_mb: float, version: Path) -> dict[str, Any]:
+    build = manifest["build"]
+    return {"night": night, "records": manifest["num_records"], "seconds": run.seconds, "mode": build["mode"],
+            "full_because": build["full_because"], "shards": shard_total(manifest),
+            "full_shards": full_shard_count(label_rows(version), shard_size_mb),
+            "reused": build["shards_reused"], "rewritten": build["shards_rewritten"],
+            "written": build["shards_written"], "source_bytes_read": build["source_bytes_read"]}
+
+
+def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: float = 100.0,
+                       chain: int = 0) -> dict[str, Any]:
+    """A first version of ``images`` images, an unchanged night, then night 2 built incrementally and with
+    ``--full`` into an empty destination; then ``chain`` - 1 more nights (``chain`` nights in all)."""
+    counts = night_counts(images)
+    corpus, pixels = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=synthetic)
+    need = max(1, chain) * (counts["added"] + counts["changed"])
+    extras, _ = make_corpus(need + max(20, need // 10), work, synthetic=synthetic, seed=EXTRA_SEED)
+    nights = Nights(corpus, extras, work / f"incremental-{images}", shard_size_mb)
+
+    def say(what: str, run: Run) -> None:
+        print(f"  {images} images, {what}: {run.seconds:.2f} s", flush=True)
+
+    first, m1 = nights.build("night01")
+    say("first version", first)
+    assert m1 is not None
+    unchanged, published = nights.build("night02")
+    say("unchanged night", unchanged)
+    skipped = (published is None and "unchanged since version night01" in unchanged.stdout
+               and not (nights.out / "nightly" / "night02").exists())
+    night = nights.mutate(2, counts)
+    incremental, m2 = nights.build("night02")
+    say("night 2, incremental", incremental)
+    full_dest = nights.folder / "full"
+    full, mf = nights.build("night02", dest=full_dest, full=True)
+    say("night 2, --full", full)
+    assert m2 is not None and mf is not None
+    v1, v2, vf = (nights.out / "nightly" / "night01", nights.out / "nightly" / "night02",
+                  full_dest / "nightly" / "night02")
+    keys = ("filename", "sha256", "label", "split")
+    inc_rows, full_rows = label_rows(v2), label_rows(vf)
+    inc_records, full_records = ({tuple(r[k] for k in keys) for r in rows} for rows in (inc_rows, full_rows))
+    report: dict[str, Any] = {
+        "images": m1["num_records"], "megabytes": corpus_facts(corpus)[1] / 1e6, "pixels": pixels,
+        "shard_size_mb": shard_size_mb, "night": night,
+        "first": {"seconds": first.seconds, "rss_mb": first.rss_mb, "shards": shard_total(m1)},
+        "unchanged": {"seconds": unchanged.seconds, "skipped": skipped, "says": unchanged.stdout.strip()[-300:]},
+        "incremental": {"seconds": incremental.seconds, "rss_mb": incremental.rss_mb, "build": m2["build"],
+                        "shards": shard_total(m2), "written": written_bytes(v2, v1)},
+        "full": {"seconds": full.seconds, "rss_mb": full.rss_mb, "build": mf["build"], "shards": shard_total(mf),
+                 "written": written_bytes(vf, None)},
+        "records": len(inc_records),
+        "records_equal": inc_records == full_records and len(inc_rows) == len(full_rows) == len(
+            image_files(nights.source)),
+    }
+    report["speedup"] = full.seconds / incremental.seconds
+    report["source_ratio"] = m2["build"]["source_bytes_read"] / night["new_bytes"]
+    shutil.rmtree(full_dest)
+    if chain:
+        rows = [night_row(1, first, m1, shard_size_mb, v1), night_row(2, incremental, m2, shard_size_mb, v2)]
+        for number in range(3, chain + 2):
+            nights.mutate(number, counts)
+            run, manifest = nights.build(f"night{number:02d}")
+            assert manifest is not None
+            rows.append(night_row(number, run, manifest, shard_size_mb, nights.out / "nightly" / f"night{number:02d}"))
+            say(f"night {number}, {rows[-1]['mode']}, {rows[-1]['shards']} shards", run)
+        report["chain"] = rows
+    shutil.rmtree(nights.folder)
+    return report
+
+
+def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
+    """The "Incremental nights" section of BENCHMARKS.md."""
+    if not runs:
+        return []
+    sizes = sorted(runs)
+    any_run = runs[sizes[0]]
+    mb = lambda n: f"{n / 1e6:.1f}"  # noqa: E731
+
+    def row(label: str, cell: Any) -> str:
+        return f"| {label} | " + " | ".join(cell(runs[n]) for n in sizes) + " |"
+
+    def shards(side: dict[str, Any]) -> str:
+        b = side["build"]
+        return f"{b['shards_reused']} / {b['shards_rewritten']} / {b['shards_written']} ({side['shards']} in all)"
+
+    def written(side: dict[str, Any]) -> str:
+        w = side["written"]
+        return f"{mb(w['shards'] + w['other'])} ({mb(w['shards'])} + {mb(w['other'])})"
+
+    lines = [
+        "## Incremental nights (issue 12)", "",
+        f"A night, counted on the first version's images: {NIGHT['added']:.0%} added (images of a second "
+        f"`make_corpus` corpus, seed {EXTRA_SEED}, into the class folders), {NIGHT['deleted']:.1%} deleted, "
+        f"{NIGHT['changed']:.2%} changed (a JPEG's bytes replaced by another JPEG's, written as a new file: "
+        "new size and mtime). The source is a hard-link copy of the cached corpus (`cp -al`; a night "
+        "unlinks before it writes). Every build is `image-tfrecords build --workers 2 "
+        f"--shard-size-mb {any_run['shard_size_mb']:g} --no-progress` into a local folder: night01 (the "
+        "first version, a full build), the same source again (an unchanged night), night02 after one "
+        "night's changes, incremental on night01, and `--full` of the same night02 source into an empty "
+        "destination, in that order, one run each (not a median; the page cache is warm for both).", "",
+        "| | " + " | ".join(f"{n} images" for n in sizes) + " |",
+        "|---|" + "---:|" * len(sizes),
+        row("first version: MB, shards, seconds",
+            lambda r: f"{r['megabytes']:.0f} MB, {r['first']['shards']} shards, {r['first']['seconds']:.1f} s"),
+        row("unchanged night: seconds",
+            lambda r: f"{r['unchanged']['seconds']:.2f} s, "
+                      + ("skipped" if r["unchanged"]["skipped"] else "**built**")),
+        row("night: added / deleted / changed",
+            lambda r: f"{r['night']['added']} / {r['night']['deleted']} / {r['night']['changed']}"),
+        row("MB of the added and changed images", lambda r: mb(r["night"]["new_bytes"])),
+        row("incremental night: seconds (peak RSS MB)",
+            lambda r: f"**{r['incremental']['seconds']:.2f}** ({r['incremental']['rss_mb']:.0f})"),
+        row("`--full`, same source: seconds (peak RSS MB)",
+            lambda r: f"**{r['full']['seconds']:.2f}** ({r['full']['rss_mb']:.0f})"),
+        row("speedup (full / incremental)", lambda r: f"**{r['speedup']:.1f}x**"),
+        row("MB read from the source: incremental / full",
+            lambda r: f"{mb(r['incremental']['build']['source_bytes_read'])} / "
+                      f"{mb(r['full']['build']['source_bytes_read'])}"),
+        row("source read / added and changed MB", lambda r: f"**{r['source_ratio']:.2f}x**"),
+        row("files inspected (reused): incremental",
+            lambda r: f"{r['incremental']['build']['files_inspected']} "
+                      f"({r['incremental']['build']['inspections_reused']})"),
+        row("shards reused / rewritten / written: incremental", lambda r: shards(r["incremental"])),
+        row("shards reused / rewritten / written: full", lambda r: shards(r["full"])),
+        row("MB written: incremental (shards + other)", lambda r: written(r["incremental"])),
+        row("MB written: full (shards + other)", lambda r: written(r["full"])),
+        row("records equal (labels.csv filename, sha256, label, split)",
+            lambda r: f"{'yes' if r['records_equal'] else '**no**'} ({r['records']})"),
+        "",
+        "MB read from the source: the manifest's `build.source_bytes_read` (inspection's reads plus the "
+        "writers' reads; a full build reads every image twice, once to inspect it and once to write it). "
+        "MB written: the files of the published version that are not hard links of the previous "
+        "version's files (reused shards are): shards with their `.tfindex`, plus the other files "
+        "(labels.csv, inspected.csv, rejects.csv, manifest.json, TFDS metadata, the card); staging's "
+        "temporary files (member lists, receipts) are not counted.", "",
+    ]
+    for n in sizes:
+        chain = runs[n].get("chain")
+        if not chain:
+            continue
+        lines += [f"### {len(chain) - 1} nights at {n} images", "",
+                  "Each night the same changes (as counted on the first version), incremental unless the plan "
+                  "compacts; \"full build's shards\" is what a full build of that night's records would make.", "",
+                  "| night | records | mode | shards | full build's shards | reused / rewritten / written | "
+                  "seconds | MB read |", "|---|---:|---|---:|---:|---|---:|---:|"]
+        for r in chain:
+            mode = r["mode"] + (f" ({r['full_because']})" if r["mode"] == "full" else "")
+            lines.append(f"| {r['night']:02d} | {r['records']} | {mode} | {r['shards']} | {r['full_shards']} | "
+                         f"{r['reused']} / {r['rewritten']} / {r['written']} | {r['seconds']:.2f} | "
+                         f"{mb(r['source_bytes_read'])} |")
+        compactions = [i for i, r in enumerate(chain) if i and r["full_because"].startswith("compaction")]
+        lines.append("")
+        for i in compactions:
+            lines.append(f"Compaction on night {chain[i]['night']:02d}: {chain[i - 1]['shards']} shards the night "
+                         f"before, {chain[i]['shards']} after.")
+        if not compactions:
+            from image_tfrecords.incremental import COMPACTION_FACTOR
+
+            counts = [r["shards"] for r in chain[1:]]
+            lines.append(f"No compaction in {len(chain) - 1} nights: {min(counts)} to {max(counts)} shards, "
+                         f"{chain[-1]['full_shards']} for a full build of the last night's records (the plan "
+                         f"compacts above {COMPACTION_FACTOR:g}x that).")
+        lines.append("")
+    return lines
+
+
+def incremental_targets(runs: dict[int, dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for issue 12's targets."""
+    rows = []
+    for n in sorted(runs):
+        r = runs[n]
+        goal = 20 if n >= 100_000 else 5
+        rows += [
+            (f"{n} images: the 1% night >= {goal}x faster than `--full`",
+             f"{r['speedup']:.1f}x ({r['incremental']['seconds']:.1f} s vs {r['full']['seconds']:.1f} s, "
+             f"{os.cpu_count()} cores)", r["speedup"] >= goal),
+            (f"{n} images: source bytes read <= 2x the added and changed images'",
+             f"{r['source_ratio']:.2f}x ({r['incremental']['build']['source_bytes_read'] / 1e6:.1f} MB of "
+             f"{r['night']['new_bytes'] / 1e6:.1f} MB)", r["source_ratio"] <= 2),
+            (f"{n} images: an unchanged night skips all work",
+             f"{'skipped' if r['unchanged']['skipped'] else 'built'} in {r['unchanged']['seconds']:.2f} s",
+             r["unchanged"]["skipped"]),
+        ]
+    return rows
+
+
 # -- report ----------------------------------------------------------------------------------------
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -327,6 +641,11 @@ def machine() -> str:
                 if line.startswith("MemTotal")), 0)
     return (f"{os.cpu_count()} CPUs ({cpu}), {mem} GiB RAM, {platform.system()} {platform.release()}, "
             f"Python {platform.python_version()}; corpora on the local disk (page cache warm after the first round)")
+
+
+def preamble(command: str) -> list[str]:
+    return ["# Benchmarks", "", f"Made by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())}.",
+            f"Machine: {machine()}.", ""]
 
 
 def chart(contenders: list[Contender], images: int, path: Path) -> None:
@@ -357,9 +676,7 @@ def render(contenders: list[Contender], corpus: tuple[int, int], rounds: int, sc
     by_key = {c.key: c for c in contenders}
     a, c = by_key["a"].seconds, by_key["c"].seconds
     lines = [
-        "# Benchmarks", "",
-        f"Made by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())}.",
-        f"Machine: {machine()}.", "",
+        *preamble(command),
         f"## {images} images, {nbytes / 1e6:.1f} MB (`bench/make_corpus.py`, flowers-sized)", "",
         *([f"Pixels: {pixels}.", ""] if pixels else []),
         f"Median of {rounds} rounds, contenders in a rotating order. Peak RSS: the largest single process "
@@ -432,50 +749,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--images", type=int, default=3670, help="main table corpus size (default: 3670)")
     parser.add_argument("--scale", default="10000,100000", help="image counts of the scale runs ('' for none)")
+    parser.add_argument("--incremental", default="6000,100000",
+                        help="image counts of the incremental nights ('' for none; default: 6000,100000)")
+    parser.add_argument("--chain", type=int, default=10,
+                        help="nights in the chain, at the smallest --incremental size (0 for none; default: 10)")
+    parser.add_argument("--only", choices=("all", "incremental"), default="all",
+                        help="incremental: only the incremental nights (default --out: WORK/incremental.md)")
     parser.add_argument("--no-dag", action="store_true", help="skip (e)")
-    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="markdown file to write")
+    parser.add_argument("--out", help="markdown file to write (default: BENCHMARKS.md)")
     parser.add_argument("--work", default=str(ROOT / ".bench"), help="corpora and scratch space")
     parser.add_argument("--smoke", action="store_true", help="tiny corpus, one round, small scale: for tests")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.rounds, args.images, args.scale = 1, 40, "30,60"
+    shard_size_mb = 100.0
+    if args.smoke:  # small shards, so that the few hundred images of a night have shards to reuse
+        args.rounds, args.images, args.scale, args.incremental, args.chain = 1, 40, "30,60", "300", 5
+        shard_size_mb = 4.0
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
-    print(f"corpus of {args.images} images ...", flush=True)
-    corpus, pixels = make_corpus(args.images, work, synthetic=args.smoke)
-    dag = None if args.no_dag else DagRunner(work / "dag")
-    try:
-        contenders = main_table(corpus, work, args.rounds, dag)
-        xcoms = dag.xcom_sizes() if dag else []
-    finally:
-        if dag:
-            dag.close()
-            shutil.rmtree(dag.work, ignore_errors=True)
-    print("write stage alone ...", flush=True)
-    write_seconds = write_alone(corpus, work)
-    scale: dict[int, Any] = {}
-    for images in [int(n) for n in args.scale.split(",") if n.strip()]:
-        print(f"scale run: {images} images ...", flush=True)
-        scaled, _ = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=args.smoke)
-        scale[images] = run_stages(scaled, work)
-        scale[images]["megabytes"] = corpus_facts(scaled)[1] / 1e6
-    chart_path = out.with_name("benchmarks.png") if not args.smoke else out.with_suffix(".png")
-    chart(contenders, args.images, chart_path)
-    command = "make bench" if not args.smoke else "bench/run.py --smoke"
-    text = render(contenders, corpus_facts(corpus), args.rounds, scale, xcoms, chart_path.name, command, pixels)
-    rows = targets(contenders, scale, xcoms, write_seconds)
-    text += "\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---|---|\n" + "".join(
-        f"| {t} | {m} | {'yes' if ok else '**no**'} |\n" for t, m, ok in rows)
+    out = Path(args.out or (work / "incremental.md" if args.only == "incremental" else ROOT / "BENCHMARKS.md"))
+    command = ("make bench" if not args.smoke else "bench/run.py --smoke") + (
+        " --only incremental" if args.only == "incremental" else "")
+    data: dict[str, Any] = {}
+    rows: list[tuple[str, str, bool]] = []
+    issues = []
+    if args.only == "all":
+        print(f"corpus of {args.images} images ...", flush=True)
+        corpus, pixels = make_corpus(args.images, work, synthetic=args.smoke)
+        dag = None if args.no_dag else DagRunner(work / "dag")
+        try:
+            contenders = main_table(corpus, work, args.rounds, dag)
+            xcoms = dag.xcom_sizes() if dag else []
+        finally:
+            if dag:
+                dag.close()
+                shutil.rmtree(dag.work, ignore_errors=True)
+        print("write stage alone ...", flush=True)
+        write_seconds = write_alone(corpus, work)
+        scale: dict[int, Any] = {}
+        for images in [int(n) for n in args.scale.split(",") if n.strip()]:
+            print(f"scale run: {images} images ...", flush=True)
+            scaled, _ = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=args.smoke)
+            scale[images] = run_stages(scaled, work)
+            scale[images]["megabytes"] = corpus_facts(scaled)[1] / 1e6
+        chart_path = out.with_name("benchmarks.png") if not args.smoke else out.with_suffix(".png")
+        chart(contenders, args.images, chart_path)
+        text = render(contenders, corpus_facts(corpus), args.rounds, scale, xcoms, chart_path.name, command, pixels)
+        rows += targets(contenders, scale, xcoms, write_seconds)
+        issues.append("5")
+        data = {"pixels": pixels, "contenders": {c.key: {"label": c.label, "seconds": [r.seconds for r in c.runs],
+                                                         "rss_mb": [r.rss_mb for r in c.runs]} for c in contenders},
+                "write_seconds": write_seconds, "scale": scale, "xcoms": xcoms}
+    else:
+        text = "\n".join(preamble(command)) + "\n"
+    incremental: dict[int, Any] = {}
+    sizes = sorted(int(n) for n in args.incremental.split(",") if n.strip())
+    for images in sizes:
+        print(f"incremental nights: {images} images ...", flush=True)
+        incremental[images] = incremental_nights(images, work, args.smoke, shard_size_mb,
+                                                 chain=args.chain if images == sizes[0] else 0)
+    if incremental:
+        text += "\n".join(render_incremental(incremental)) + "\n"
+        rows += incremental_targets(incremental)
+        issues.append("12")
+        data["incremental"] = incremental
+    if rows:
+        text += (f"\n## Targets (issue{'s' if len(issues) > 1 else ''} {' and '.join(issues)})\n\n"
+                 "| target | measured | met |\n|---|---|---|\n") + "".join(
+            f"| {t} | {m} | {'yes' if ok else '**no**'} |\n" for t, m, ok in rows)
     notes = Path(__file__).with_name("NOTES.md")
-    if not args.smoke and notes.exists():
+    if not args.smoke and args.only == "all" and notes.exists():
         text += "\n" + notes.read_text()
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    (out.with_suffix(".json")).write_text(json.dumps(
-        {"pixels": pixels, "contenders": {c.key: {"label": c.label, "seconds": [r.seconds for r in c.runs],
-                                "rss_mb": [r.rss_mb for r in c.runs]} for c in contenders},
-         "write_seconds": write_seconds, "scale": scale, "xcoms": xcoms,
-         "targets": [{"target": t, "measured": m, "met": ok} for t, m, ok in rows]}, indent=1) + "\n")
+    data["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in rows]
+    (out.with_suffix(".json")).write_text(json.dumps(data, indent=1) + "\n")
     print(text)
     return 0
 

@@ -1,10 +1,12 @@
-"""`make bench` in miniature (a 40-image corpus, one round), so the benchmark never rots; its corpus generator."""
+"""`make bench` in miniature (a 40-image corpus, one round, a few hundred images' incremental nights), so the
+benchmark never rots; its corpus generator."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,16 +33,47 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert {task for task, _, _ in data["xcoms"]} >= {"discover", "plan", "write_shards", "publish"}
     assert sorted(data["scale"]) == ["30", "60"]
     for report in data["scale"].values():
-        assert list(report["stages"]) == ["discover", "inspect", "split", "plan", "write_shards", "validate", "card",
-                                          "publish"]
+        assert list(report["stages"]) == ["discover", "inspect", "split", "plan", "reuse", "write_shards", "validate",
+                                          "card", "publish"]
         assert report["mapped_tasks"] >= 1 and report["shards"] >= report["mapped_tasks"]
     text = out.read_text()
     for label in ("(a) seed-style, 1 process", "(b) seed-style, 2 threads", "(c) cp -r", "--workers 2",
-                  "airflow dags test", "## Targets (issue 5)", "## Scale: 60 images"):
+                  "airflow dags test", "## Targets (issues 5 and 12)", "## Scale: 60 images",
+                  "## Incremental nights (issue 12)", "### 5 nights at 300 images"):
         assert label in text
-    assert len(data["targets"]) >= 6
+    assert "Compaction on night" in text or "No compaction in 5 nights: " in text
+    assert len(data["targets"]) >= 9
+    check_incremental(data, text)
     chart = Image.open(io.BytesIO(out.with_suffix(".png").read_bytes()))
     assert chart.format == "PNG" and chart.size[0] >= 600
+
+
+def check_incremental(data: dict[str, Any], text: str) -> None:
+    """The smoke run's incremental nights: measured, and the incremental build equal to the full one."""
+    assert list(data["incremental"]) == ["300"]
+    run = data["incremental"]["300"]
+    night, inc, full = run["night"], run["incremental"], run["full"]
+    assert night["added"] == 3 and night["deleted"] == night["changed"] == 1 and night["new_bytes"] > 0
+    assert run["records_equal"] and run["records"] == run["images"] + 3 - 1
+    assert run["unchanged"]["skipped"] and "unchanged since version night01" in run["unchanged"]["says"]
+    assert inc["build"]["mode"] == "incremental" and inc["build"]["base_version"] == "night01"
+    assert inc["build"]["files_inspected"] == 3 + 1 and inc["build"]["inspections_reused"] == run["images"] - 2
+    assert inc["build"]["shards_reused"] >= 1 and inc["build"]["shards_rewritten"] + inc["build"]["shards_written"] >= 1
+    assert full["build"]["mode"] == "full" and full["build"]["shards_reused"] == full["build"]["shards_rewritten"] == 0
+    assert 0 < inc["build"]["source_bytes_read"] <= 2 * night["new_bytes"] < full["build"]["source_bytes_read"] / 10
+    assert inc["written"]["linked"] > 0 and full["written"]["linked"] == 0
+    assert 0 < inc["written"]["shards"] < full["written"]["shards"] and inc["written"]["other"] > 0
+    assert inc["seconds"] > 0 and full["seconds"] > 0 and run["speedup"] == full["seconds"] / inc["seconds"]
+    chain = run["chain"]
+    assert [r["night"] for r in chain] == [1, 2, 3, 4, 5, 6] and chain[0]["mode"] == "full"
+    assert [r["records"] for r in chain] == [run["images"] + 2 * n for n in range(6)]
+    assert chain[1]["mode"] == "incremental"
+    assert all(r["mode"] == "incremental" or r["full_because"].startswith("compaction") for r in chain[1:])
+    assert all(r["shards"] <= 1.5 * r["full_shards"] for r in chain)  # compaction's bound
+    targets = {t["target"]: t for t in data["targets"]}
+    assert targets["300 images: an unchanged night skips all work"]["met"]
+    assert re.search(r"\| speedup \(full / incremental\) \| \*\*\d+\.\dx\*\* \|", text)
+    assert re.search(r"\| records equal \(labels\.csv filename, sha256, label, split\) \| yes \(\d+\) \|", text)
 
 
 def corpus_module() -> Any:

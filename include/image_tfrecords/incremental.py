@@ -5,8 +5,8 @@ published version whose name sorts before this one's, so a backfill builds on th
 older than it). A build reuses
 
 * the base's ``inspected.csv`` rows for files whose name, size and stamp (mtime in ns locally,
-  the ETag on S3) are unchanged, when the base was inspected by this release with the same
-  ``max_file_mb`` and ``max_pixels``;
+  the ETag on S3) are unchanged, when the base was inspected by this release, from the same
+  source, with the same ``max_file_mb`` and ``max_pixels``;
 * the base's shards whose records are all still present and unchanged, when the base was built
   with the same splits, salt, compression and shard size.
 
@@ -61,6 +61,8 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
     """Why the base's inspections cannot be taken over (``""`` when they can)."""
     if base is None:
         return "full rebuild" if cfg.full else "no previous version"
+    if base.manifest.get("source") != cfg.source:
+        return f"version {base.version} was built from another source"
     if base.build.get("inspector") != __version__:
         return f"version {base.version} was inspected by another release of image-tfrecords"
     params = base.manifest.get("params", {})
