@@ -20,7 +20,8 @@ out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dag_ids": s
 dag = bag.dags.get("image_tfrecords")
 if dag is not None:
     out["tasks"] = {t.task_id: {
-        "upstream": sorted(t.upstream_task_ids), "retries": t.retries, "trigger_rule": getattr(t.trigger_rule, "value", t.trigger_rule),
+        "upstream": sorted(t.upstream_task_ids), "retries": t.retries,
+        "trigger_rule": getattr(t.trigger_rule, "value", t.trigger_rule),
         "retry_delay": t.retry_delay.total_seconds(), "timeout": t.execution_timeout.total_seconds(),
         "backoff": t.retry_exponential_backoff, "mapped": any(c.__name__ == "MappedOperator" for c in type(t).__mro__),
         "map_index_template": getattr(t, "map_index_template", None),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -67,8 +68,22 @@ def _write_s3(storage: Storage, source: str, tree: dict[str, bytes]) -> None:
 
 
 def _discover(storage: Storage, source: str) -> tuple[list[Candidate], DiscoveryCounts]:
+    """The candidates (stamps blanked: test_stamps checks them) and the counts."""
     counts = DiscoveryCounts()
-    return list(discover(storage, source, counts)), counts
+    return [dataclasses.replace(c, stamp="") for c in discover(storage, source, counts)], counts
+
+
+def test_stamps_are_mtime_ns_locally_and_the_etag_on_s3(tmp_path: Path, bucket: str, s3_storage: Storage) -> None:
+    """What inspection reuse compares besides name and size: it changes when a file is rewritten."""
+    source = _write_local(tmp_path / "src", FOLDER_TREE)
+    found = {c.filename: c.stamp for c in discover(Storage(), str(source)) if not c.reason}
+    assert found and all(stamp == str((source / name).stat().st_mtime_ns) for name, stamp in found.items())
+    for name in found:
+        s3_storage.write_bytes(f"s3://{bucket}/stamps/{name}", (source / name).read_bytes())
+    on_s3 = {c.filename: c.stamp for c in discover(s3_storage, f"s3://{bucket}/stamps") if not c.reason}
+    etags = {name: s3_storage.s3.head_object(Bucket=bucket, Key=f"stamps/{name}")["ETag"].strip('"')
+             for name in found}
+    assert on_s3 == etags and all(on_s3.values())
 
 
 def _by_name(candidates: Iterable[Candidate]) -> dict[str, Candidate]:
@@ -99,7 +114,7 @@ def test_order_is_stable_and_names_use_forward_slashes(tmp_path: Path) -> None:
 
 def test_counts_default_to_a_fresh_object(tmp_path: Path) -> None:
     source = str(_write_local(tmp_path / "src", FOLDER_TREE))
-    assert list(discover(Storage(), source)) == FOLDER_EXPECTED
+    assert [dataclasses.replace(c, stamp="") for c in discover(Storage(), source)] == FOLDER_EXPECTED
 
 
 def test_order_is_sorted_by_full_name(tmp_path: Path) -> None:

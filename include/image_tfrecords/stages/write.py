@@ -50,13 +50,16 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
     return validate_shard(cfg, storage, shard)
 
 
-def _already_written(cfg: BuildConfig, storage: Storage, shard: str, members_sha: str) -> dict[str, Any] | None:
-    """The receipt of this shard if it is staged, intact, from these members (a retried task skips it)."""
+def _already_written(cfg: BuildConfig, storage: Storage, shard: str, members_sha: str,
+                     rewritten_from: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The receipt of this shard if it is staged, intact, from these members, made the way the plan says
+    now (from the source, or rewritten from ``rewritten_from``): a retried task skips it."""
     receipt_uri = staged(cfg, RECEIPTS, shard + ".json")
     if not storage.exists(receipt_uri):
         return None
     receipt = read_json(storage, receipt_uri)
-    if receipt.get("members_sha256") == members_sha and \
+    if receipt.get("members_sha256") == members_sha and "reused_from" not in receipt and \
+            receipt.get("rewritten_from") == rewritten_from and \
             storage.sha256_of(staged(cfg, SHARDS, shard)) == receipt["sha256"] and \
             storage.sha256_of(staged(cfg, SHARDS, layout.index_file(shard))) == receipt.get("index_sha256"):
         return receipt
@@ -125,7 +128,8 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
     members_uri = staged(cfg, MEMBERS, shard + ".csv")
     members_data = storage.read_bytes(members_uri)  # bounded by the shard size
     members_sha = hashlib.sha256(members_data).hexdigest()
-    if (receipt := _already_written(cfg, storage, shard, members_sha)) is not None:
+    source = {"version": origin["version"], "file": origin["file"]}
+    if (receipt := _already_written(cfg, storage, shard, members_sha, source)) is not None:
         progress(receipt["num_records"])
         return receipt
     members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
@@ -156,7 +160,7 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
                 source_bytes += read
                 progress(1)
         return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=source_bytes,
-                      rewritten_from={"version": origin["version"], "file": origin["file"]})
+                      rewritten_from=source)
 
 
 def _filename_of(record: bytes) -> str:
