@@ -512,6 +512,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
             assert manifest is not None
             rows.append(night_row(number, run, manifest, shard_size_mb, nights.out / "nightly" / f"night{number:02d}"))
             say(f"night {number}, {rows[-1]['mode']}, {rows[-1]['shards']} shards", run)
+            shutil.rmtree(nights.out / "nightly" / f"night{number - 2:02d}")  # no build needs it now: disk
         report["chain"] = rows
     shutil.rmtree(nights.folder)
     return report
@@ -767,8 +768,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or (work / "incremental.md" if args.only == "incremental" else ROOT / "BENCHMARKS.md"))
-    command = ("make bench" if not args.smoke else "bench/run.py --smoke") + (
-        " --only incremental" if args.only == "incremental" else "")
+    command = "make bench" if not args.smoke else "bench/run.py --smoke"
+    if args.only == "incremental":
+        command = (f"bench/run.py{' --smoke' * args.smoke} --only incremental --incremental {args.incremental} "
+                   f"--chain {args.chain}")
     data: dict[str, Any] = {}
     rows: list[tuple[str, str, bool]] = []
     issues = []
