@@ -119,8 +119,15 @@ def test_to_dict_round_trips() -> None:
     assert cfg.to_dict() == {"source": "/data/flowers", "destination": "/data/out", "dataset": "flowers",
                              "version": "v1", "splits": {"a": 0.25, "b": 0.75}, "salt": "pepper",
                              "shard_size_mb": 0.5, "compression": "gzip", "max_reject_fraction": 0.5,
-                             "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485}
+                             "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485, "full": False}
     assert BuildConfig(**cfg.to_dict()) == cfg
+
+
+def test_full_is_a_bool_and_not_part_of_the_fingerprint() -> None:
+    """A full rebuild makes the same content: --full must not make an unchanged source look changed."""
+    assert _config(full=True).fingerprint_params == _config().fingerprint_params
+    with pytest.raises(ConfigError, match="full must be true or false"):
+        _config(full="yes")
 
 
 @pytest.mark.parametrize("field,value", [
