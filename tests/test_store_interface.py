@@ -95,6 +95,22 @@ def test_write_read_exists(case: Case, tmp_path: Path) -> None:
         assert stream.read() == b"replaced" and size in (-1, len(b"replaced"))  # -1: the listing knows it
 
 
+def test_change_tag_holds_until_the_content_may_have_changed(case: Case) -> None:
+    """What validation compares instead of re-hashing a shard it checked earlier in the build."""
+    store, uri = case.store, case.uri("tagged.bin")
+    assert store.change_tag(uri) is None
+    store.write_bytes(uri, b"first")
+    tag = store.change_tag(uri)
+    assert tag is not None and store.change_tag(uri) == tag  # nothing changed: the same tag
+    store.write_bytes(uri, b"other")  # the same size, new content
+    assert store.change_tag(uri) not in (None, tag)
+    if case.kind == "local":  # written in place (not through the store): still seen
+        tag = store.change_tag(uri)
+        with open(uri, "r+b") as f:
+            f.write(b"O")
+        assert store.change_tag(uri) != tag
+
+
 def test_upload(case: Case, tmp_path: Path) -> None:
     path = tmp_path / "file.bin"
     path.write_bytes(os.urandom(100_000))

@@ -60,7 +60,7 @@ def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str
     common = {"file": shard, "num_records": count, "num_bytes": origin["num_bytes"], "sha256": origin["sha256"],
               "members_sha256": members_sha, "index_sha256": index_sha, "reused_from": source}
     write_json(storage, staged(cfg, RECEIPTS, shard + ".json"), common)
-    result = {**common, "names": names, "source_bytes": 0}
+    result = {**common, "names": names, "source_bytes": 0, "change_tag": storage.change_tag(new)}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     progress(count)
     return result

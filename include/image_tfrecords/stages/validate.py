@@ -61,6 +61,7 @@ def members_digest(members: bytes) -> tuple[str, int]:
 def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress) -> dict[str, Any]:
     """Re-read a staged shard and check it; stage and return its result."""
     uri = staged(cfg, SHARDS, shard)
+    tag = storage.change_tag(uri)  # taken first: a change while it is read makes validate_stage check it again
     members_data = storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))  # bounded by the shard size
     members_sha = hashlib.sha256(members_data).hexdigest()
     members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
@@ -94,7 +95,7 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
         raise BuildError(f"shard {shard} has no {layout.INDEX_SUFFIX} file in staging") from None
     if staged_index != "".join(index).encode():
         raise BuildError(f"the {layout.INDEX_SUFFIX} file of shard {shard} does not match its records")
-    result = {"file": shard, "num_records": count, "num_bytes": num_bytes, "sha256": sha,
+    result = {"file": shard, "num_records": count, "num_bytes": num_bytes, "sha256": sha, "change_tag": tag,
               "names": _set_digest(m["filename"] for m in members), "members_sha256": members_sha,
               "index_sha256": receipt.get("index_sha256"), "source_bytes": receipt.get("source_bytes", 0),
               **{key: receipt[key] for key in ("rewritten_from", "reused_from") if key in receipt}}
@@ -157,8 +158,9 @@ def _checked(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress)
         members = hashlib.sha256(storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))).hexdigest()
     except FileNotFoundError:
         return validate_shard(cfg, storage, shard, progress)
-    current = storage.sha256_of(staged(cfg, SHARDS, shard))  # None if it is missing
-    if not (result.get("sha256") == receipt.get("sha256") == current  # not rewritten or damaged since
+    current = storage.change_tag(staged(cfg, SHARDS, shard))  # None if it is missing
+    if not (current is not None and result.get("change_tag") == current  # not rewritten or damaged since
+            and result.get("sha256") == receipt.get("sha256")
             and result.get("members_sha256") == receipt.get("members_sha256") == members):  # nor replanned
         return validate_shard(cfg, storage, shard, progress)
     progress(result["num_records"])

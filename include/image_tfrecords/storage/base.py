@@ -182,6 +182,11 @@ class Store(ABC):
     def sha256_of(self, uri: str) -> str | None:
         """The hex SHA-256 the store holds for (or hashes from) ``uri``; None if it has none."""
 
+    def change_tag(self, uri: str) -> str | None:
+        """A cheap tag that changes whenever the content may have (None if there is no such file): equal
+        tags mean a checksum taken earlier still holds. The stored SHA-256 unless a store has cheaper."""
+        return self.sha256_of(uri)
+
     @abstractmethod
     def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
         """Content and a version tag for ``write_if_unchanged``; (None, None) if absent."""

@@ -95,6 +95,11 @@ class Storage:
         """The SHA-256 the store holds for an S3 object, or that a local file hashes to."""
         return self._store_for(uri).sha256_of(uri)
 
+    def change_tag(self, uri: str) -> str | None:
+        """A cheap tag that changes whenever the file's content may have (a stat locally, the stored SHA-256
+        on S3); None if there is no such file."""
+        return self._store_for(uri).change_tag(uri)
+
     def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
         """Content and a version tag (ETag or mtime) for compare-and-swap; (None, None) if absent."""
         return self._store_for(uri).read_with_tag(uri)

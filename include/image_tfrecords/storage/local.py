@@ -69,6 +69,14 @@ class LocalStore(Store):
         """What the file hashes to; None if there is no such file."""
         return sha256_file(uri) if os.path.isfile(uri) else None
 
+    def change_tag(self, uri: str) -> str | None:
+        """Device, inode, size, mtime and ctime: a write, a truncation or a replacement changes one of them."""
+        try:
+            st = os.stat(uri)
+        except FileNotFoundError:
+            return None
+        return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
     def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
         """Content and a tag of modification time and content hash; (None, None) if absent."""
         try:
