@@ -88,8 +88,8 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
         _write_members(cfg, storage, layout, records[0], tmp)
     to_write = [f for f in layout.all_files if f not in layout.reuse]
     tasks = planning.group_tasks(to_write, max_tasks)
-    counts = Counter(int(i) for i in layout.shard_of)
     files = layout.all_files
+    counts = np.bincount(layout.shard_of, minlength=len(files))  # records per shard
     plan = {"compression": cfg.compression, "shard_size_mb": cfg.shard_size_mb, "tasks": tasks,
             "splits": layout.files, "reuse": layout.reuse, "rewrite": layout.rewrite,
             "build": {"mode": "full" if why_full else "incremental", "full_because": why_full,
@@ -98,7 +98,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     return {"num_shards": len(files), "num_tasks": len(tasks), "mode": plan["build"]["mode"],
             "reused": len(layout.reuse), "rewritten": len(layout.rewrite),
             "written": len(to_write) - len(layout.rewrite),
-            "records_to_write": sum(counts[i] for i, f in enumerate(files) if f not in layout.reuse)}
+            "records_to_write": int(sum(counts[i] for i, f in enumerate(files) if f not in layout.reuse))}
 
 
 def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) -> Layout:
