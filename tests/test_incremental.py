@@ -410,6 +410,8 @@ def check_night(storage: Storage, prev: Version, cur: Version, full: Version, fi
                     assert os.path.samefile(join(cur.uri, name), join(prev.uri, plan.origin))
             else:
                 assert "reused_from" not in entry
+                assert entry.get("rewritten_from") == (
+                    {"version": prev.name, "file": plan.origin} if plan.origin else None)
     return "incremental"
 
 

@@ -34,6 +34,7 @@ CONTENT_TYPES = {
     "features.json": "application/json",
     "labels.csv": "text/csv; charset=utf-8",
     "rejects.csv": "text/csv; charset=utf-8",
+    "inspected.csv": "text/csv; charset=utf-8",  # versions from 0.3.0
 }
 CHUNK = 1 << 20
 WORKERS = 8

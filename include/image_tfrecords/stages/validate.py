@@ -168,10 +168,12 @@ def _checked(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress)
 
 
 def _manifest_entry(shard: dict[str, Any]) -> dict[str, Any]:
-    """A shard's entry in the manifest: its file, counts and checksums, and where a reused one came from."""
+    """A shard's entry in the manifest: its file, counts and checksums, and where a reused or rewritten
+    one came from."""
     entry = {key: shard[key] for key in ("file", "num_records", "num_bytes", "sha256", "index_sha256")}
-    if "reused_from" in shard:
-        entry["reused_from"] = shard["reused_from"]
+    for key in ("reused_from", "rewritten_from"):
+        if key in shard:
+            entry[key] = shard[key]
     return entry
 
 
