@@ -462,7 +462,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
     ``--full`` into an empty destination; then ``chain`` - 1 more nights (``chain`` nights in all)."""
     counts = night_counts(images)
     corpus, pixels = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=synthetic)
-    need = max(1, chain) * (counts["added"] + counts["changed"])
+    need = max(1, chain) * (counts["added"] + counts["changed"]) + counts["added"]  # + the additions-only night
     extras, _ = make_corpus(need + max(20, need // 10), work, synthetic=synthetic, seed=EXTRA_SEED)
     nights = Nights(corpus, extras, work / f"incremental-{images}", shard_size_mb)
 
@@ -514,6 +514,18 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
             say(f"night {number}, {rows[-1]['mode']}, {rows[-1]['shards']} shards", run)
             shutil.rmtree(nights.out / "nightly" / f"night{number - 2:02d}")  # no build needs it now: disk
         report["chain"] = rows
+    # A night that only adds images: every shard keeps its records, so shards are reused (hard links)
+    # and only each split's tail is rewritten with the new images appended.
+    adds = nights.mutate(99, {"added": counts["added"], "deleted": 0, "changed": 0})
+    add_run, ma = nights.build("night99")
+    say("an additions-only night, incremental", add_run)
+    add_full, maf = nights.build("night99", dest=full_dest, full=True)
+    say("the additions-only night, --full", add_full)
+    assert ma is not None and maf is not None
+    report["additions_only"] = {
+        "night": adds, "speedup": add_full.seconds / add_run.seconds,
+        "incremental": {"seconds": add_run.seconds, "build": ma["build"], "shards": shard_total(ma)},
+        "full": {"seconds": add_full.seconds, "build": maf["build"], "shards": shard_total(maf)}}
     shutil.rmtree(nights.folder)
     return report
 
@@ -547,7 +559,8 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         f"--shard-size-mb {any_run['shard_size_mb']:g} --no-progress` into a local folder: night01 (the "
         "first version, a full build), the same source again (an unchanged night), night02 after one "
         "night's changes, incremental on night01, and `--full` of the same night02 source into an empty "
-        "destination, in that order, one run each (not a median; the page cache is warm for both).", "",
+        "destination, in that order, one run each (not a median; the page cache is warm for both). Last, "
+        "a night that only adds images (built after the others), incremental and `--full`.", "",
         "| | " + " | ".join(f"{n} images" for n in sizes) + " |",
         "|---|" + "---:|" * len(sizes),
         row("first version: MB, shards, seconds",
@@ -576,6 +589,12 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("MB written: full (shards + other)", lambda r: written(r["full"])),
         row("records equal (labels.csv filename, sha256, label, split)",
             lambda r: f"{'yes' if r['records_equal'] else '**no**'} ({r['records']})"),
+        row("additions-only night (1% added, nothing deleted or changed): incremental / `--full` seconds",
+            lambda r: f"{r['additions_only']['incremental']['seconds']:.2f} / "
+                      f"{r['additions_only']['full']['seconds']:.2f} (**{r['additions_only']['speedup']:.1f}x**)"
+            if "additions_only" in r else "not run"),
+        row("additions-only night: shards reused / rewritten / written",
+            lambda r: shards(r["additions_only"]["incremental"]) if "additions_only" in r else "not run"),
         "",
         "MB read from the source: the manifest's `build.source_bytes_read` (inspection's reads plus the "
         "writers' reads; a full build reads every image twice, once to inspect it and once to write it). "
