@@ -544,6 +544,15 @@ def test_unchanged_files_are_not_read_again(tmp_path: Path) -> None:
     inspected = {row["filename"]: row for row in _csv(Storage(), str(dest / "d" / "v3" / "inspected.csv"))}
     assert (inspected[locked]["reason"], inspected[locked]["sha256"]) == ("unreadable", "")
 
+    # That reject says nothing of the file's content: the next night reads it again (its name, size and
+    # mtime are unchanged: chmod moves only ctime), and now that it can be read it is a record again.
+    after = cli_build("v4")
+    assert after.returncode == 0, after.stderr
+    v4 = layout.read_manifest(Storage(), str(dest / "d" / "v4"))
+    assert v4["build"]["mode"] == "incremental" and v4["build"]["base_version"] == "v3"
+    assert v4["build"]["files_inspected"] == 1 and v4["build"]["inspections_reused"] == 32
+    assert (v4["num_records"], v4["num_rejected"]) == (33, 0)
+
 
 # -- 3. determinism ---------------------------------------------------------------------------------------
 def tree(folder: Path) -> dict[str, str]:

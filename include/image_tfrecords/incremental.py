@@ -5,8 +5,9 @@ published version whose name sorts before this one's, so a backfill builds on th
 older than it). A build reuses
 
 * the base's ``inspected.csv`` rows for files whose name, size and stamp (mtime in ns locally,
-  the ETag on S3) are unchanged, when the base was inspected by this release, from the same
-  source, with the same ``max_file_mb`` and ``max_pixels``;
+  the ETag on S3) are unchanged (but for ``RETRIED_REASONS`` rejects, which are read again), when
+  the base was inspected by this release, from the same source, with the same ``max_file_mb`` and
+  ``max_pixels``;
 * the base's shards whose records are all still present and unchanged, when the base was built
   with the same splits, salt, compression and shard size.
 
@@ -33,6 +34,9 @@ from .storage import Storage, join
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
 INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",
                      "source_format", "transform", "encoded_sha256", "encoded_bytes", "reason", "detail")
+# Rejects that say nothing of a file's content (it could not be read, or was swapped while listed):
+# such a file is read again the next night even when its name, size and stamp are unchanged.
+RETRIED_REASONS = ("unreadable", "not_a_regular_file")
 COMPACTION_FACTOR = 1.5  # more shards than this times a full build's count: the build is a full rebuild
 
 
@@ -132,7 +136,8 @@ class Inspections:
 
 
 _JOIN = ("SELECT d.filename, d.label, d.num_bytes, d.stamp, p.* FROM d LEFT JOIN p ON p.filename = d.filename "
-         "AND p.num_bytes = d.num_bytes AND p.stamp = d.stamp AND d.stamp != ''")
+         "AND p.num_bytes = d.num_bytes AND p.stamp = d.stamp AND d.stamp != '' "
+         f"AND p.reason NOT IN ({', '.join(repr(r) for r in RETRIED_REASONS)})")
 
 
 @contextmanager

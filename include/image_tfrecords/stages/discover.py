@@ -10,6 +10,7 @@ from ..config import BuildConfig
 from ..discovery import DISCOVERED_FIELDS, DiscoveryCounts, discover
 from ..documents import RowWriter, write_json
 from ..errors import BuildError
+from ..incremental import RETRIED_REASONS
 from ..manifest import REJECTS_FIELDS
 from ..storage import Storage, join
 from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, staged
@@ -19,7 +20,8 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """List the source: candidate images to inspect, rejects, and skipped non-image files.
 
     ``unchanged_since`` names the previous published version when the source listing and the
-    params fingerprint the same (the rest of the build can then be skipped).
+    params fingerprint the same (the rest of the build can then be skipped), unless it rejected
+    files that could not be read (``incremental.RETRIED_REASONS``): those are tried again.
     """
     counts = DiscoveryCounts()
     with RowWriter(storage, staged(cfg, DISCOVERED), DISCOVERED_FIELDS) as found, \
@@ -32,8 +34,11 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
     fingerprint = counts.fingerprint.hexdigest()
     previous = layout.previous_version(storage, cfg.dataset_uri, cfg.version)
-    unchanged = previous if previous and layout.read_manifest(storage, join(cfg.dataset_uri, previous)).get(
-        "source_fingerprint") == fingerprint else None
+    unchanged = None
+    if previous:
+        manifest = layout.read_manifest(storage, join(cfg.dataset_uri, previous))
+        retry = set(manifest.get("rejects_by_reason", {})) & set(RETRIED_REASONS)  # files to read again
+        unchanged = previous if manifest.get("source_fingerprint") == fingerprint and not retry else None
     summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
                "skipped_by_kind": dict(sorted(counts.skipped_by_kind.items())),
                "after_cutoff": counts.after_cutoff, "candidates": found.count, "rejected": rejects.count,
