@@ -43,6 +43,11 @@ class RowWriter:
         self._writer.writerow(row)
         self.count += 1
 
+    def write_line(self, line: str) -> None:
+        """Write one row already formatted as CSV (its fields in this writer's order, ending in a newline)."""
+        self._file.write(line)
+        self.count += 1
+
     def close(self) -> None:
         self._file.close()
         try:

@@ -92,11 +92,6 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None) -> str:
     return ""
 
 
-def record_key(row: dict[str, str]) -> str:
-    """Everything that decides a record's bytes: equal keys mean byte-identical records."""
-    return "\x1f".join(str(row.get(name, "")) for name in RECORD_FIELDS)
-
-
 def _database(folder: str, name: str, schema: str) -> sqlite3.Connection:
     db = sqlite3.connect(os.path.join(folder, name))
     db.execute("PRAGMA journal_mode = OFF")
@@ -159,6 +154,22 @@ def inspections(storage: Storage, base: Base | None, discovered: str, folder: st
         yield Inspections(storage, discovered, db)
 
 
+def _keys(rows: Any) -> Iterator[tuple[str, str, list[str]]]:
+    """``(filename, key, values)`` of each row of a DictReader, read as plain lists (the hot path of a join
+    over every record). The key is every field that decides a record's bytes (``RECORD_FIELDS``):
+    equal keys mean byte-identical records."""
+    names = rows.fieldnames or []
+    columns = [names.index(name) if name in names else None for name in RECORD_FIELDS]
+    if columns == list(range(len(RECORD_FIELDS))):  # labels.csv and records.csv: the record's fields first
+        width = len(RECORD_FIELDS)
+        for values in rows.reader:
+            yield values[0], "\x1f".join(values[:width]), values
+        return
+    for values in rows.reader:
+        fields = ["" if i is None or i >= len(values) else values[i] for i in columns]
+        yield fields[0], "\x1f".join(fields), values
+
+
 def survivors(storage: Storage, base: Base, records_uri: str, folder: str) -> Iterator[tuple[int, str]]:
     """``(row number in records_uri, base shard file)`` of every record the base holds byte for byte.
 
@@ -169,9 +180,12 @@ def survivors(storage: Storage, base: Base, records_uri: str, folder: str) -> It
         db.execute("CREATE TABLE prev (filename TEXT PRIMARY KEY, key TEXT, shard TEXT)")
         with read_rows(storage, records_uri) as rows:
             db.executemany("INSERT INTO cur VALUES (?, ?, ?)",
-                           ((r["filename"], record_key(r), n) for n, r in enumerate(rows)))
+                           ((name, key, n) for n, (name, key, _) in enumerate(_keys(rows))))
         with read_rows(storage, join(base.uri, layout.LABELS)) as rows:
+            names = rows.fieldnames or []
+            shard = names.index("shard") if "shard" in names else None
             db.executemany("INSERT OR REPLACE INTO prev VALUES (?, ?, ?)",
-                           ((r["filename"], record_key(r), r.get("shard") or "") for r in rows))
+                           ((name, key, values[shard] if shard is not None and shard < len(values) else "")
+                            for name, key, values in _keys(rows)))
         yield from db.execute("SELECT cur.number, prev.shard FROM cur JOIN prev "
                               "ON prev.filename = cur.filename AND prev.key = cur.key ORDER BY cur.number")

@@ -33,6 +33,7 @@ from .split import split_stage
 from .staging import (
     DISCOVER_REJECTS,
     DISCOVERED,
+    IMAGES,
     INSPECT_REJECTS,
     INSPECTED,
     LABELS,
@@ -50,6 +51,7 @@ from .write import write_and_check, write_shard, write_task
 __all__ = [
     "DISCOVERED",
     "DISCOVER_REJECTS",
+    "IMAGES",
     "INSPECTED",
     "INSPECT_REJECTS",
     "LABELS",

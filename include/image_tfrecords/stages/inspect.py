@@ -23,11 +23,11 @@ from ..storage import Storage
 from .staging import (
     DISCOVER_SUMMARY,
     DISCOVERED,
+    IMAGE_FIELDS,
+    IMAGES,
     INSPECT_REJECTS,
     INSPECT_SUMMARY,
     INSPECTED,
-    INSPECTED_FIELDS,
-    INSPECTION,
     Progress,
     no_progress,
     staged,
@@ -48,7 +48,7 @@ def _carried(row: dict[str, str], known: dict[str, str]) -> dict[str, Any]:
     """The previous inspection of an unchanged file, as ``inspect_one`` would return it now."""
     if known.get("reason"):
         return {"filename": row["filename"], "reason": known["reason"], "detail": known.get("detail", "")}
-    return {**{k: known[k] for k in INSPECTED_FIELDS if k in known}, "filename": row["filename"],
+    return {**{k: known[k] for k in IMAGE_FIELDS if k in known}, "filename": row["filename"],
             "label": row["label"]}
 
 
@@ -65,9 +65,9 @@ def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress
     read = {"files": 0, "bytes": 0}
     with tempfile.TemporaryDirectory() as tmp, \
             inspections(storage, None if why_not else base, staged(cfg, DISCOVERED), tmp) as known, \
-            RowWriter(storage, staged(cfg, INSPECTED), INSPECTED_FIELDS) as good, \
+            RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS) as good, \
             RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects, \
-            RowWriter(storage, staged(cfg, INSPECTION), INSPECTION_FIELDS) as inspection:
+            RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS) as inspection:
 
         def to_read() -> Iterator[dict[str, str]]:
             for row in known.unread():

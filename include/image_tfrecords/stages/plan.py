@@ -21,8 +21,10 @@ full build (after many deletions), it compacts: it is planned as a full build.
 
 from __future__ import annotations
 
-import json
+import csv
+import io
 import os
+import struct
 import tempfile
 from array import array
 from collections import Counter, defaultdict
@@ -32,8 +34,9 @@ from typing import Any
 from .. import planning
 from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
+from ..errors import BuildError
 from ..incremental import COMPACTION_FACTOR, Base, base_of, survivors, why_not_reuse_shards
-from ..manifest import LABELS_FIELDS
+from ..manifest import LABELS_FIELDS, RECORD_FIELDS
 from ..storage import Storage
 from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 
@@ -66,11 +69,14 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     why_full = why_not_reuse_shards(cfg, base)
     splits = list(summary["splits"])
     keys, sizes, split_of = array("d"), array("q"), array("b")
+    split_number = {name: i for i, name in enumerate(splits)}
     with read_rows(storage, staged(cfg, RECORDS)) as rows:
-        for row in rows:
-            keys.append(planning.order_key(cfg.salt, row["sha256"]))
-            sizes.append(int(row["encoded_bytes"]))
-            split_of.append(splits.index(row["split"]))
+        column = {name: i for i, name in enumerate(rows.fieldnames or ())}
+        sha, size, split = column["sha256"], column["encoded_bytes"], column["split"]
+        for values in rows.reader:  # plain lists: this pass runs over every record
+            keys.append(planning.order_key(cfg.salt, values[sha]))
+            sizes.append(int(values[size]))
+            split_of.append(split_number[values[split]])
     records = (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
                np.frombuffer(split_of, dtype=np.int8))
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
@@ -175,36 +181,67 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
 
 def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any, tmp: str) -> None:
     """Stage labels.csv (each record's row and shard) and each shard's members (``members/{shard}.csv``:
-    in order of order key, then row number; a rewritten shard's appended records after the others)."""
+    in order of order key, then row number; a rewritten shard's appended records after the others).
+
+    Each row is formatted once; its place in its shard's file is computed up front (numpy), and rows wait
+    in one temporary file per shard (length-prefixed), so memory holds one shard's rows at most.
+    """
+    import numpy as np
+
     files = layout.all_files
+    count = len(keys)
+    order = np.lexsort((np.arange(count), keys, layout.appended, layout.shard_of))
+    in_order = layout.shard_of[order]
+    position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard's members file
+    position[order] = np.arange(count) - np.searchsorted(in_order, np.arange(len(files)))[in_order]
     folder = os.path.join(tmp, "members")
     os.makedirs(folder)
-    buffers: dict[str, list[str]] = defaultdict(list)
+    buffers: dict[int, list[bytes]] = defaultdict(list)
 
     def flush() -> None:
-        for shard, lines in buffers.items():
-            with open(os.path.join(folder, shard), "a", encoding="utf-8") as f:
-                f.writelines(lines)
+        for shard, entries in buffers.items():
+            with open(os.path.join(folder, str(shard)), "ab") as f:
+                f.writelines(entries)
         buffers.clear()
 
+    text = io.StringIO()
+    line_writer = csv.writer(text, lineterminator="\n")
     with read_rows(storage, staged(cfg, RECORDS)) as rows, \
             RowWriter(storage, staged(cfg, LABELS), LABELS_FIELDS) as labels:
-        for number, row in enumerate(rows):
-            row["shard"] = shard = files[int(layout.shard_of[number])]
-            labels.write(row)
-            buffers[shard].append(json.dumps([bool(layout.appended[number]), float(keys[number]), number, row]) + "\n")
+        if tuple(rows.fieldnames or ()) != RECORD_FIELDS:
+            raise BuildError(f"{staged(cfg, RECORDS)} has columns {rows.fieldnames}, expected {RECORD_FIELDS}")
+        for number, values in enumerate(rows.reader):
+            shard = int(layout.shard_of[number])
+            text.seek(0)
+            text.truncate()
+            line_writer.writerow([*values, files[shard]])
+            line = text.getvalue()
+            labels.write_line(line)
+            data = line.encode()
+            buffers[shard].append(_ENTRY.pack(int(position[number]), len(data)) + data)
             if number % 5_000 == 4_999:
                 flush()
     flush()
-    for shard in files:
-        path = os.path.join(folder, shard)
+    header = ",".join(LABELS_FIELDS) + "\n"
+    for shard, name in enumerate(files):
+        path = os.path.join(folder, str(shard))
         if not os.path.exists(path):
             continue  # an empty split has no shards; a planned shard always has members
-        with open(path, encoding="utf-8") as f:
-            members = sorted(json.loads(line) for line in f)  # one shard's rows: bounded by the shard size
-        with RowWriter(storage, staged(cfg, MEMBERS, shard + ".csv"), LABELS_FIELDS) as out:
-            for *_, row in members:
-                out.write(row)
+        with open(path, "rb") as f:
+            entries = f.read()  # one shard's rows: bounded by the shard size
+        lines: list[bytes] = []
+        offset = 0
+        while offset < len(entries):
+            place, size = _ENTRY.unpack_from(entries, offset)
+            offset += _ENTRY.size
+            lines.append((place, entries[offset:offset + size]))  # type: ignore[arg-type]
+            offset += size
+        lines.sort()
+        storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
+                            header.encode() + b"".join(line for _, line in lines))  # type: ignore[misc]
+
+
+_ENTRY = struct.Struct("<qI")  # a row waiting in a shard's temporary file: its place, its length
 
 
 def task_shards(cfg: BuildConfig, storage: Storage, task_index: int) -> list[str]:

@@ -11,7 +11,7 @@ from ..documents import read_json
 from ..errors import BuildError
 from ..storage import Storage, join
 from ..tfds_metadata import tfds_metadata_files
-from .staging import CARD, CARD_INDEX, INSPECTION, LABELS, MANIFEST, REJECTS, SHARDS, staged
+from .staging import CARD, CARD_INDEX, INSPECTED, LABELS, MANIFEST, REJECTS, SHARDS, staged
 
 
 def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             storage.copy(staged(cfg, SHARDS, index), join(final, index))
     for name in read_json(storage, staged(cfg, CARD_INDEX)):
         storage.copy(staged(cfg, CARD, name), join(final, name))
-    for name in (LABELS, REJECTS, INSPECTION):
+    for name in (LABELS, REJECTS, INSPECTED):
         storage.copy(staged(cfg, name), join(final, name))
     for name, data in sorted(tfds_metadata_files(manifest).items()):
         storage.write_bytes(join(final, name), data)

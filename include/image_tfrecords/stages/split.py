@@ -15,8 +15,8 @@ from ..storage import Storage, join
 from .staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
+    IMAGES,
     INSPECT_REJECTS,
-    INSPECTED,
     RECORDS,
     REJECTS,
     SPLIT_SUMMARY,
@@ -31,7 +31,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     appended in sorted order. Fails before anything is written to the shards when nothing is left,
     or when more than ``max_reject_fraction`` of the files were rejected.
     """
-    inspected = staged(cfg, INSPECTED)
+    inspected = staged(cfg, IMAGES)
     with read_rows(storage, inspected) as rows:
         resolver = DuplicateResolver((r["filename"], r["label"], r["sha256"]) for r in rows)
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import BuildConfig
-from ..layout import INSPECTED as INSPECTION  # noqa: F401 - staged under the name it is published under
-from ..layout import LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under the names they are published under
+from ..layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
 from ..storage import join
 
 Progress = Callable[[int], None]
@@ -19,15 +18,15 @@ TMP_PREFIX = ".tmp-"  # temporary files and folders inside a local staging prefi
 MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length: the most write tasks a plan makes
 
 DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
-# inspection: the images (with their labels) and the rejects; INSPECTION (every file inspected or
-# taken over from the previous version, published as inspected.csv) and its summary
-INSPECTED, INSPECT_REJECTS, INSPECT_SUMMARY = "images.csv", "rejects-inspect.csv", "inspect.json"
+# inspection: the images (with their labels), the rejects and a summary; and INSPECTED (every file
+# inspected or taken over from the previous version: published as inspected.csv)
+IMAGES, INSPECT_REJECTS, INSPECT_SUMMARY = "images.csv", "rejects-inspect.csv", "inspect.json"
 RECORDS = "records.csv"  # labels.csv's rows before plan gives each its shard
 SPLIT_SUMMARY, PLAN = "split.json", "plan.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each
 CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
-INSPECTED_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
-                    "source_format", "transform", "encoded_sha256", "encoded_bytes")
+IMAGE_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
+                "source_format", "transform", "encoded_sha256", "encoded_bytes")
 
 
 def staged(cfg: BuildConfig, *parts: str) -> str:
