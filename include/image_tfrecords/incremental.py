@@ -38,6 +38,7 @@ INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "widt
 # such a file is read again the next night even when its name, size and stamp are unchanged.
 RETRIED_REASONS = ("unreadable", "not_a_regular_file")
 COMPACTION_FACTOR = 1.5  # more shards than this times a full build's count: the build is a full rebuild
+FULL_REBUILD = "rebuild in full (--full on the command line, full_rebuild in the DAG)"  # when a base is damaged
 
 
 @dataclass(frozen=True)

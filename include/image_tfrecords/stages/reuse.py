@@ -15,6 +15,7 @@ from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json, write_json
 from ..errors import BuildError
+from ..incremental import FULL_REBUILD
 from ..parallel import ordered_map
 from ..storage import Storage, join
 from .staging import CHECKED, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
@@ -39,7 +40,7 @@ def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str
     against the previous manifest, and the members planned for it; stage its receipt and check."""
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
     new = staged(cfg, SHARDS, shard)
-    advice = "rebuild in full (--full on the command line, full_rebuild in the DAG)"
+    advice = FULL_REBUILD
     try:
         storage.copy(old, new, origin["sha256"])
         storage.copy(layout.index_file(old), layout.index_file(new))

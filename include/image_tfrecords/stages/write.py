@@ -20,6 +20,7 @@ from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
 from ..example import decode_example, encode_example
+from ..incremental import FULL_REBUILD
 from ..manifest import example_features
 from ..parallel import ordered_map
 from ..probe import RejectedImage, stored_bytes
@@ -135,7 +136,7 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
     members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
     wanted = {row["filename"] for row in members[: origin["kept"]]}
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
-    advice = "rebuild in full (--full on the command line, full_rebuild in the DAG)"
+    advice = FULL_REBUILD
     source_bytes = 0
     with tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
         path = os.path.join(tmp, shard)
