@@ -52,9 +52,14 @@ def _set_digest(names: Iterator[str]) -> str:
     return f"{sum(map(_name_hash, names)) % 2**128:032x}"
 
 
+def member_rows(members: bytes) -> list[dict[str, str]]:
+    """The rows of a staged ``members/{shard}.csv`` (bounded by the shard size)."""
+    return list(csv.DictReader(io.StringIO(members.decode("utf-8-sig"), newline="")))
+
+
 def members_digest(members: bytes) -> tuple[str, int]:
     """The name digest and the number of the rows of a staged ``members/{shard}.csv``."""
-    rows = list(csv.DictReader(io.StringIO(members.decode("utf-8-sig"), newline="")))
+    rows = member_rows(members)
     return _set_digest(r["filename"] for r in rows), len(rows)
 
 
@@ -64,7 +69,7 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     tag = storage.change_tag(uri)  # taken first: a change while it is read makes validate_stage check it again
     members_data = storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))  # bounded by the shard size
     members_sha = hashlib.sha256(members_data).hexdigest()
-    members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
+    members = member_rows(members_data)
     unseen = {m["filename"]: m for m in members}  # records are matched by name: a rewritten shard keeps its order
     count, position, index = 0, 0, []
     try:

@@ -7,9 +7,7 @@ step that follows only adds up per-shard results.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -29,7 +27,7 @@ from ..storage import HashingReader, HashingWriter, Storage, join
 from ..tfrecord import CorruptRecordError, TFRecordWriter, read_records
 from .plan import task_shards
 from .staging import MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged
-from .validate import validate_shard
+from .validate import member_rows, validate_shard
 
 
 def write_task(cfg: BuildConfig, storage: Storage, task_index: int, progress: Progress = no_progress,
@@ -133,7 +131,7 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
     if (receipt := _already_written(cfg, storage, shard, members_sha, source)) is not None:
         progress(receipt["num_records"])
         return receipt
-    members = list(csv.DictReader(io.StringIO(members_data.decode("utf-8-sig"), newline="")))
+    members = member_rows(members_data)
     wanted = {row["filename"] for row in members[: origin["kept"]]}
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
     advice = FULL_REBUILD
