@@ -273,63 +273,148 @@ from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.storage import Storage
 cfg = BuildConfig(**json.loads(sys.argv[1]))
-stage, args = sys.argv[2], json.loads(sys.argv[3])
-function = stages.write_task if stage == "write_task" else {s.name: s.run for s in stages.PIPELINE}[stage]
-print("RESULT" + json.dumps(function(cfg, Storage(), **args)))
+steps, args = sys.argv[2].split("+"), json.loads(sys.argv[3])
+for step in steps:
+    result = getattr(stages, step)(cfg, Storage(), **args)
+print("RESULT" + json.dumps(result))
 """
+# The DAG's tasks, in order: (task id, stage functions it calls, mapped over what the task before returns)
+DAG_TASKS = (("discover", "discover_stage", False), ("plan_inspection", "plan_inspection", False),
+             ("inspect_images", "inspect_chunk", True), ("split", "gather_inspection+split_stage", False),
+             ("plan", "plan_stage", False), ("reuse_shards", "reuse_stage", False),
+             ("write_shards", "write_task", True), ("validate", "validate_stage", False),
+             ("card", "card_stage", False), ("publish", "publish_stage", False))
 
 
-def xcom_of(stage: str, result: Any) -> Any:
-    """What the DAG task of ``stage`` returns (so stores as its XCom)."""
-    if stage == "plan":
+def xcom_of(task: str, result: Any) -> Any:
+    """What the DAG task returns (so stores as its XCom)."""
+    if task == "plan":
         return list(range(result["num_tasks"]))
-    if stage == "write_task":
+    if task == "plan_inspection":
+        return list(range(result["chunks"]))
+    if task == "write_shards":
         return {"shards": len(result), "num_records": sum(r["num_records"] for r in result),
                 "num_bytes": sum(r["num_bytes"] for r in result)}
     return result
 
 
-def run_stages(corpus: Path, work: Path) -> dict[str, Any]:
-    """The pipeline one stage per process (write tasks 2 at a time); per stage seconds, RSS, XCom bytes."""
+def run_stages(corpus: Path, work: Path, parallel: int = 2) -> dict[str, Any]:
+    """The DAG's tasks, one process each, as a LocalExecutor with ``parallelism`` = ``parallel`` runs them
+    (mapped tasks ``parallel`` at a time, each with its own process pool); per task: seconds, peak RSS,
+    XCom bytes, and the number of mapped tasks."""
     dest = work / "stages-out"
     shutil.rmtree(dest, ignore_errors=True)
     cfg = json.dumps({"source": str(corpus), "destination": str(dest), "dataset": "scale", "version": "v1"})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
-    def stage(name: str, **args: Any) -> tuple[Run, Any]:
-        run = measure([PY, "-c", STAGE_CODE, cfg, name, json.dumps(args)], env=env, cwd=ROOT)
+    def stage(steps: str, **args: Any) -> tuple[Run, Any]:
+        run = measure([PY, "-c", STAGE_CODE, cfg, steps, json.dumps(args)], env=env, cwd=ROOT)
         return run, json.loads(run.stdout.split("RESULT", 1)[1])
 
-    report: dict[str, Any] = {"stages": {}}
+    report: dict[str, Any] = {"stages": {}, "mapped": {}}
     started = time.perf_counter()
-    from image_tfrecords.stages import PIPELINE
-
-    per_shard = next(i for i, s in enumerate(PIPELINE) if s.per_shard)
-    for name in [s.name for s in PIPELINE[:per_shard]]:
-        run, result = stage(name)
-        report["stages"][name] = {"seconds": run.seconds, "rss_mb": run.rss_mb,
-                                  "xcom_bytes": len(json.dumps(xcom_of(name, result)))}
-        if name == "plan":
-            report["mapped_tasks"] = result["num_tasks"]
-            report["shards"] = result["num_shards"]
-    # write tasks, two processes at a time, like two workers
-    write_started = time.perf_counter()
-    pending = list(range(report["mapped_tasks"]))
-    runs: list[tuple[Run, Any]] = []
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda i: stage("write_task", task_index=i), pending))
-    report["stages"]["write_shards"] = {
-        "seconds": time.perf_counter() - write_started, "rss_mb": max(r.rss_mb for r, _ in runs),
-        "xcom_bytes": max(len(json.dumps(xcom_of("write_task", res))) for _, res in runs)}
-    for name in [s.name for s in PIPELINE[per_shard + 1:]]:
-        run, result = stage(name)
-        report["stages"][name] = {"seconds": run.seconds, "rss_mb": run.rss_mb,
-                                  "xcom_bytes": len(json.dumps(xcom_of(name, result)))}
+    expand: list[int] = []
+    for task, steps, mapped in DAG_TASKS:
+        task_started = time.perf_counter()
+        if mapped:
+            key = "chunk" if task == "inspect_images" else "task_index"
+            with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+                runs = list(pool.map(lambda i, k=key, st=steps: stage(st, **{k: i}), expand))
+            report["mapped"][task] = len(runs)
+        else:
+            runs = [stage(steps)]
+        report["stages"][task] = {"seconds": time.perf_counter() - task_started,
+                                  "rss_mb": max(r.rss_mb for r, _ in runs),
+                                  "xcom_bytes": max(len(json.dumps(xcom_of(task, res))) for _, res in runs)}
+        last = runs[-1][1]
+        if task in ("plan", "plan_inspection"):
+            expand = xcom_of(task, last)
+        if task == "plan":
+            report["mapped_tasks"] = last["num_tasks"]
+            report["shards"] = last["num_shards"]
     report["seconds"] = time.perf_counter() - started
     shutil.rmtree(dest, ignore_errors=True)
     return report
+
+
+# -- scaling over cores (issue 13) -----------------------------------------------------------------
+STAGES_LINE = re.compile(r"^\s*stages: (.+)$", re.M)
+
+
+def worker_counts(cores: int) -> list[int]:
+    """1, 2, 4 ... up to ``cores``, and ``cores`` itself."""
+    counts = [1]
+    while counts[-1] * 2 <= cores:
+        counts.append(counts[-1] * 2)
+    return counts if counts[-1] == cores else [*counts, cores]
+
+
+def stage_seconds(output: str) -> dict[str, float]:
+    """The CLI summary's ``stages: discover 0.10 s, inspect 9.30 s, ...`` line as a dict."""
+    found = STAGES_LINE.search(output)
+    if not found:
+        return {}
+    return {name: float(seconds) for name, seconds in
+            (part.strip().rsplit(" ", 2)[:2] for part in found.group(1).split(","))}
+
+
+def scaling(images: int, work: Path, synthetic: bool, rounds: int = 1) -> dict[str, Any]:
+    """``image-tfrecords build --workers N`` for N = 1, 2, 4 ... cores on one corpus (a full build into
+    a fresh local folder each time), beside ``cp -r`` + ``sync``; per-stage seconds from the CLI's summary."""
+    corpus, pixels = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=synthetic)
+    count, nbytes = corpus_facts(corpus)
+    out = work / "scaling-out"
+    floor = []
+    for _ in range(rounds):
+        shutil.rmtree(out, ignore_errors=True)
+        floor.append(measure(["sh", "-c", 'cp -r "$0" "$1" && sync', str(corpus), str(out)]).seconds)
+    report: dict[str, Any] = {"images": count, "megabytes": nbytes / 1e6, "pixels": pixels,
+                              "cores": os.cpu_count(), "copy_seconds": statistics.median(floor), "workers": {}}
+    for workers in worker_counts(os.cpu_count() or 1):
+        runs = []
+        for _ in range(rounds):
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync"], check=False)
+            runs.append(measure([PY, "-m", "image_tfrecords", "build", "--source", str(corpus), "--destination",
+                                 str(out), "--dataset", "scaling", "--version", "v1", "--workers", str(workers),
+                                 "--no-progress"], cwd=ROOT))
+        best = sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
+        report["workers"][workers] = {"seconds": best.seconds, "rss_mb": best.rss_mb,
+                                      "stages": stage_seconds(best.stdout)}
+        print(f"  --workers {workers}: {best.seconds:.2f} s", flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return report
+
+
+def render_scaling(report: dict[str, Any]) -> list[str]:
+    one = report["workers"][min(report["workers"])]["seconds"]
+    names = list(next(iter(report["workers"].values()))["stages"])
+    lines = [f"## Scaling over cores: {report['images']} images, {report['megabytes']:.0f} MB, "
+             f"{report['cores']} cores", "",
+             "`image-tfrecords build --workers N` (a full build into a fresh local folder; one worker is one "
+             "process and one thread), beside `cp -r` + `sync` of the corpus "
+             f"({report['copy_seconds']:.2f} s). Stage seconds are the CLI's own (`stages:` line).", "",
+             "| workers | seconds | speedup | vs cp+sync | " + " | ".join(names) + " |",
+             "|---:|---:|---:|---:|" + "---:|" * len(names)]
+    for workers, run in sorted(report["workers"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {workers} | {run['seconds']:.2f} | {one / run['seconds']:.2f}x | "
+                     f"{run['seconds'] / report['copy_seconds']:.1f}x | "
+                     + " | ".join(f"{run['stages'].get(n, 0):.2f}" for n in names) + " |")
+    return [*lines, ""]
+
+
+def scaling_targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    runs = {int(k): v for k, v in report["workers"].items()}
+    one, cores = runs[1]["seconds"], max(runs)
+    if cores >= 16:
+        sixteen = runs[16]["seconds"]
+        return [("CLI: 16 workers >= 10x one worker", f"{one / sixteen:.2f}x", one / sixteen >= 10),
+                ("CLI: 16 workers <= 2x cp -r + sync", f"{sixteen / report['copy_seconds']:.2f}x",
+                 sixteen <= 2 * report["copy_seconds"])]
+    if cores >= 2:
+        two = runs[2]["seconds"]
+        return [("CLI: 2 workers >= 1.8x one worker", f"{one / two:.2f}x", one / two >= 1.8)]
+    return []
 
 
 # -- incremental nights (issue 12) -----------------------------------------------------------------
@@ -719,9 +804,12 @@ def render(contenders: list[Contender], corpus: tuple[int, int], rounds: int, sc
         lines += [f"XComs of the (e) runs: {len(xcoms)}, the largest {biggest[2]} bytes "
                   f"(`{biggest[0]}`{'' if biggest[1] < 0 else f' map {biggest[1]}'}).", ""]
     for images_n, report in sorted(scale.items()):
-        lines += [f"## Scale: {images_n} images ({report['megabytes']:.0f} MB), one process per stage", "",
+        lines += [f"## Scale: {images_n} images ({report['megabytes']:.0f} MB), one process per task", "",
                   f"{report['seconds']:.1f} s in all, {images_n / report['seconds']:.0f} images/s; "
-                  f"{report['shards']} shards in {report['mapped_tasks']} mapped write tasks.", "",
+                  f"{report['mapped'].get('inspect_images', 1)} mapped inspection tasks; "
+                  f"{report['shards']} shards in {report['mapped_tasks']} mapped write tasks; mapped tasks two "
+                  "at a time, each with its own process pool, as the DAG's run on a LocalExecutor with "
+                  "parallelism 2.", "",
                   "| stage | seconds | peak RSS MB | XCom bytes |", "|---|---:|---:|---:|"]
         for name, s in report["stages"].items():
             lines.append(f"| {name} | {s['seconds']:.2f} | {s['rss_mb']:.0f} | {s['xcom_bytes']} |")
@@ -752,9 +840,11 @@ def targets(contenders: list[Contender], scale: dict[int, Any], xcoms: list[tupl
                  (f"{n_big}: peak RSS within 20% of {n_small}", f"x{growth:.2f} (worst stage)", growth <= 1.2),
                  (f"{n_big}: images/s within 20% of {n_small}", f"{rate_big:.0f} vs {rate_small:.0f}",
                   rate_big >= 0.8 * rate_small),
-                 (f"{n_big}: XCom <= 10 KB, mapped tasks <= 1024",
-                  f"{max(s['xcom_bytes'] for s in big['stages'].values())} bytes, {big['mapped_tasks']} tasks",
-                  max(s["xcom_bytes"] for s in big["stages"].values()) <= 10_240 and big["mapped_tasks"] <= 1024)]
+                 (f"{n_big}: XCom <= 10 KB, mapped tasks <= 1024 per task",
+                  f"{max(s['xcom_bytes'] for s in big['stages'].values())} bytes, "
+                  f"{max(big['mapped'].values())} tasks",
+                  max(s["xcom_bytes"] for s in big["stages"].values()) <= 10_240
+                  and max(big["mapped"].values()) <= 1024)]
     return rows
 
 

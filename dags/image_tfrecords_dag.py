@@ -8,20 +8,23 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 1. **discover** lists the source (image files by extension; others are skipped and counted) and
    fingerprints the listing and params; **source_changed** skips the rest (shown as skipped) when
    they match the previous published version's, unless the `force` param is set;
-2. **inspect_images** hashes, identifies and fully decodes every image (bad ones become rejects);
-3. **split** resolves duplicates and assigns each image to a split from a salted hash of its
-   content, then writes `labels.csv` and `rejects.csv`;
+2. **plan_inspection** cuts the files to read into chunks (at most `chunk_files` files or `chunk_mb`
+   MB each), and **inspect_images** (one mapped task per chunk, named after it, using its worker's
+   cores) hashes, identifies and fully decodes every image of its chunk (bad ones become rejects);
+3. **split** merges the chunks' rows back into listing order, resolves duplicates and assigns each
+   image to a split from a salted hash of its content, then writes `labels.csv` and `rejects.csv`;
 4. **plan** decides the shards of each split (from `shard_size_mb`) and their members. Once a
    version is published, builds are **incremental**: the previous version's shards whose records
    are all unchanged are reused, those that lost or changed records are rewritten from the previous
    shard, and added or changed images go into new shards (a full rebuild when the `full_rebuild`
    param is set, when splits, salt, shard size or compression changed, or to compact once there
    would be more than 1.5x the shards of a full build). Unchanged files are not read again:
-   **inspect_images** takes over the previous version's `inspected.csv` rows for them;
+   **plan_inspection** takes over the previous version's `inspected.csv` rows for them;
 5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
    against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
-   shards (and their `.tfindex` offsets), one mapped task each (named after its shard), and re-reads
-   each from the store to check it (CRCs, schema, each record against its planned row, checksums);
+   shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
+   shard's records are made on all of its worker's cores), and re-reads each from the store to
+   check it (CRCs, schema, each record against its planned row, checksums);
 6. **validate** adds those checks up (counts per split, the records are the ones `labels.csv`
    lists, no image in two splits) and stages `manifest.json`;
 7. **card** renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
@@ -41,7 +44,12 @@ All intermediate files live under `DEST/DATASET/_staging/VERSION/` in the store,
 worker's disk. Scheduled runs and backfills see the source as of their logical date (files modified at
 or before it); manual runs see everything. The **version** is the run's logical date as `YYYYMMDDTHHMMSSZ` (UTC), or the
 run id when a run has no logical date, unless the `version` param names one. Reruns of a run
-write the same bytes. S3 access uses the Airflow connection `aws_default`.
+write the same bytes, however the work was spread. S3 access uses the Airflow connection `aws_default`.
+
+Every long task logs progress lines (done/total, rate, ETA; at most every 15 s) and a summary line.
+Per-image work in a mapped task runs on a process pool of `IMAGE_TFRECORDS_TASK_PROCESSES` processes
+(default: the worker's cores, at most 8; threads for small chunks). Under `airflow dags test`, the
+mapped tasks run one after another in the test's process, each still using such a pool.
 """
 
 from __future__ import annotations
@@ -110,6 +118,13 @@ PARAMS = {
     "full_rebuild": Param(False, type="boolean", section="Build", title="Full rebuild",
                           description="Reuse nothing of the previous version: re-read every image and rewrite "
                                       "every shard (also compacts the shards); builds even when unchanged."),
+    "chunk_files": Param(config.DEFAULT_CHUNK_FILES, type="integer", minimum=1, maximum=10_000_000,
+                         section="Build", title="Files per inspection task",
+                         description="Inspection runs as one mapped task per chunk of at most this many files "
+                                     "(raised when there would be more than 1024 chunks). Never changes the output."),
+    "chunk_mb": Param(config.DEFAULT_CHUNK_MB, type="number", exclusiveMinimum=0, maximum=1_000_000,
+                      section="Build", title="MB per inspection task",
+                      description="... or at most this many MB of source files."),
     "version": Param(None, type=["null", "string"], section="Output", title="Version (optional)",
                      description="Override the version name; empty means the run's logical date."),
 }
@@ -173,7 +188,9 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
                           max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
                           max_file_mb=params.get("max_file_mb", config.DEFAULT_MAX_FILE_MB),
                           max_pixels=params.get("max_pixels", config.MAX_PIXELS),
-                          full=bool(params.get("full_rebuild", False)))
+                          full=bool(params.get("full_rebuild", False)),
+                          chunk_files=params.get("chunk_files", config.DEFAULT_CHUNK_FILES),
+                          chunk_mb=params.get("chunk_mb", config.DEFAULT_CHUNK_MB))
         storage = airflow_storage()
         if stage is stages.discover_stage:
             check_locations(cfg)
@@ -242,17 +259,27 @@ def image_tfrecords() -> None:
         return True
 
     @task
-    def inspect_images() -> dict[str, Any]:
-        """Hash and fully decode every candidate image."""
+    def plan_inspection() -> list[int]:
+        """Take over the previous version's inspections of unchanged files; cut the rest into chunks.
+        Returns one index per chunk (small: at most max_map_length)."""
         from image_tfrecords import stages
 
-        return _run(stages.inspect_stage)
+        return list(range(_run(stages.plan_inspection)["chunks"]))
+
+    @task(map_index_template="{{ chunk_label }}", max_active_tis_per_dagrun=8, pool=POOL)
+    def inspect_images(chunk: int) -> dict[str, Any]:
+        """Hash and fully decode the images of one chunk of the listing."""
+        from image_tfrecords import stages
+
+        get_current_context()["chunk_label"] = _run(stages.chunk_label, chunk=chunk)
+        return _run(stages.inspect_chunk, chunk=chunk)
 
     @task
-    def split(inspected: dict[str, Any]) -> dict[str, Any]:
-        """Resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
+    def split(inspected: list[dict[str, Any]]) -> dict[str, Any]:
+        """Merge the chunks' rows; resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
         from image_tfrecords import stages
 
+        _run(stages.gather_inspection)
         return _run(stages.split_stage)
 
     @task
@@ -314,9 +341,9 @@ def image_tfrecords() -> None:
         return _run(clean_staging)
 
     found = discover()
-    inspected = inspect_images()
-    source_changed(found) >> inspected
-    shard_tasks = plan(split(inspected))
+    chunks = plan_inspection()
+    source_changed(found) >> chunks
+    shard_tasks = plan(split(inspect_images.expand(chunk=chunks)))
     validated = validate(reuse_shards(shard_tasks))
     write_shards.expand(task_index=shard_tasks) >> validated
     publish(card(validated)) >> clean_stale_staging()

@@ -64,8 +64,8 @@ def test_publish_updates_the_asset_the_consumer_is_scheduled_on(dag_info: dict) 
 def test_task_graph(dag_info: dict) -> None:
     tasks = dag_info["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
-        "discover": [], "source_changed": ["discover"], "inspect_images": ["source_changed"],
-        "split": ["inspect_images"], "plan": ["split"], "reuse_shards": ["plan"],
+        "discover": [], "source_changed": ["discover"], "plan_inspection": ["source_changed"],
+        "inspect_images": ["plan_inspection"], "split": ["inspect_images"], "plan": ["split"], "reuse_shards": ["plan"],
         "write_shards": ["plan"], "validate": ["reuse_shards", "write_shards"], "card": ["validate"],
         "publish": ["card"], "clean_stale_staging": ["publish"]}
     # validate runs when every shard is reused (write_shards then maps over nothing and is skipped).
@@ -76,6 +76,10 @@ def test_task_graph(dag_info: dict) -> None:
     assert writer["mapped"] is True
     assert writer["map_index_template"] == "{{ shard_label }}"
     assert writer["max_active_tis_per_dagrun"] >= 2
+    inspector = tasks["inspect_images"]  # one mapped task per chunk of the listing, named after it
+    assert inspector["mapped"] is True
+    assert inspector["map_index_template"] == "{{ chunk_label }}"
+    assert inspector["max_active_tis_per_dagrun"] >= 2
 
 
 def test_retries_timeouts_and_schedule(dag_info: dict) -> None:
@@ -100,6 +104,7 @@ def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
         assert param["schema"].get("title") and param["description"], name
         assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build", "Bad input"), name
     assert (params["max_file_mb"], params["max_pixels"]) == (256, 89_478_485)
+    assert (params["chunk_files"], params["chunk_mb"]) == (2000, 1000.0)
     cfg = BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force", "full_rebuild")},
                       version="20261101T020000Z", full=params["full_rebuild"])
     assert cfg.full is False  # incremental by default

@@ -47,7 +47,7 @@ import image_tfrecords.reading as reading
 import image_tfrecords.stages as stages
 
 DELAYS = {{"inspect_one": float(os.environ.get("SLOW_INSPECT", "0")),
-           "fetch": float(os.environ.get("SLOW_WRITE", "0"))}}
+           "_record_from_source": float(os.environ.get("SLOW_WRITE", "0"))}}
 _original = reading.read_source
 
 

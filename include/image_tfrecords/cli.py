@@ -24,15 +24,24 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 from . import layout, stages
 from .cleanup import clean_staging
-from .config import DEFAULT_MAX_FILE_MB, DEFAULT_SPLITS, BuildConfig, ConfigError, check_location, parse_splits
+from .config import (
+    DEFAULT_CHUNK_FILES,
+    DEFAULT_CHUNK_MB,
+    DEFAULT_MAX_FILE_MB,
+    DEFAULT_SPLITS,
+    BuildConfig,
+    ConfigError,
+    check_location,
+    parse_splits,
+)
 from .errors import BuildError, ImageTfrecordsError, LockHeld
 from .locking import LeaseKeeper
+from .parallel import process_pool
 from .preflight import check_locations, check_temp_dir, os_error_line
 from .probe import MAX_PIXELS
 from .storage import Storage, is_s3, join
@@ -79,7 +88,13 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--max-reject-fraction", type=float, default=0.2,
                        help="fail, publishing nothing, if more than this share of files is rejected (default 0.2)")
     build.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                       help="processes writing and validating shards (default: CPU count)")
+                       help="processes inspecting, writing and checking images (default: CPU count); the "
+                            "output does not depend on it")
+    build.add_argument("--chunk-files", type=int, default=DEFAULT_CHUNK_FILES,
+                       help="files per inspection chunk, at most (default: %(default)d; the DAG runs one task "
+                            "per chunk); the output does not depend on it")
+    build.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_MB,
+                       help="source MB per inspection chunk, at most (default: %(default)g)")
     build.add_argument("--as-of", help="only files modified at or before this ISO 8601 time (default: all)")
     build.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB,
                        help="reject larger files (too_large) without reading them (default: %(default)g)")
@@ -128,7 +143,7 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: St
     workers = max(1, workers)
     check_locations(cfg)
     check_temp_dir()
-    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, _process_pool(workers) as pool:
+    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, process_pool(workers) as pool:
 
         def still_locked() -> None:
             if lease.lost:
@@ -149,41 +164,6 @@ def _private_temp_dir() -> Iterator[str]:
     finally:
         tempfile.tempdir = previous
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _worker_init(parent: int) -> None:
-    """In each worker: die with the parent (even on SIGKILL), leave Ctrl-C to the parent, die on SIGTERM."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    with contextlib.suppress(Exception):  # Linux only
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-@contextlib.contextmanager
-def _process_pool(workers: int) -> Iterator[Any]:
-    """A process pool (or inline execution for one worker) whose processes never outlive the build."""
-    if workers <= 1:
-        yield None
-        return
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
-    try:
-        yield pool
-    except BaseException:
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.join(5)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-        raise
-    pool.shutdown(wait=True)
 
 
 def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: Storage) -> str:
@@ -303,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           version=args.version or default_version(), splits=parse_splits(args.splits),
                           salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression,
                           max_reject_fraction=args.max_reject_fraction, as_of=args.as_of,
-                          max_file_mb=args.max_file_mb, max_pixels=args.max_pixels, full=args.full)
+                          max_file_mb=args.max_file_mb, max_pixels=args.max_pixels, full=args.full,
+                          chunk_files=args.chunk_files, chunk_mb=args.chunk_mb)
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         started = time.perf_counter()

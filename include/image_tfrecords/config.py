@@ -18,6 +18,9 @@ DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 DEFAULT_DESTINATION = "s3://datasets/image-tfrecords"  # the DAG's and the datasets page's default
 DEFAULT_DATASET = "images"
 DEFAULT_MAX_FILE_MB = 256.0
+DEFAULT_CHUNK_FILES = 2000  # files per inspection chunk (at most)
+DEFAULT_CHUNK_MB = 1000.0  # source MB per inspection chunk (at most)
+_OUTPUT_NEUTRAL = ("destination", "version", "as_of", "full", "chunk_files", "chunk_mb")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs:", "http:"
 
 
@@ -92,6 +95,9 @@ class BuildConfig:
     max_file_mb: float = DEFAULT_MAX_FILE_MB  # larger files are rejected (too_large) before they are read
     max_pixels: int = MAX_PIXELS  # larger images are rejected (too_many_pixels) before they are decoded
     full: bool = False  # a full rebuild: reuse nothing of the previous version (inspections, shards)
+    # how inspection is cut into chunks (one mapped task each in the DAG); never changes the output
+    chunk_files: int = DEFAULT_CHUNK_FILES
+    chunk_mb: float = DEFAULT_CHUNK_MB
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", check_splits(self.splits))
@@ -125,6 +131,12 @@ class BuildConfig:
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) \
                 or not 1 <= self.max_pixels <= 1_000_000_000:
             raise ConfigError(f"max_pixels must be a whole number in [1, 1000000000], not {self.max_pixels!r}")
+        if isinstance(self.chunk_files, bool) or not isinstance(self.chunk_files, int) \
+                or not 1 <= self.chunk_files <= 10_000_000:
+            raise ConfigError(f"chunk_files must be a whole number in [1, 10000000], not {self.chunk_files!r}")
+        if isinstance(self.chunk_mb, bool) or not isinstance(self.chunk_mb, int | float) \
+                or not 0 < self.chunk_mb <= 1_000_000:
+            raise ConfigError(f"chunk_mb must be a number in (0, 1000000], not {self.chunk_mb!r}")
 
     @property
     def cutoff(self) -> datetime | None:
@@ -133,7 +145,7 @@ class BuildConfig:
     @property
     def fingerprint_params(self) -> dict[str, Any]:
         """The settings that decide a build's content (not where it goes or what it is called)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("destination", "version", "as_of", "full")}
+        return {k: v for k, v in asdict(self).items() if k not in _OUTPUT_NEUTRAL}
 
     @property
     def max_file_bytes(self) -> int:

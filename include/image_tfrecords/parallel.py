@@ -1,11 +1,16 @@
-"""Ordered, bounded parallel map: never more than a window of results in flight."""
+"""Ordered, bounded parallel maps (never more than a window of results in flight), and the process
+pools of the command line and of DAG tasks."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import multiprocessing
+import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -55,3 +60,75 @@ def batched_map(fn: Callable[[T], R], items: Iterable[T], executor: Executor, wo
             yield from pending.popleft().result()
     while pending:
         yield from pending.popleft().result()
+
+
+def _worker_init(parent: int | None) -> None:
+    """In each worker: die with the parent (even on SIGKILL), leave Ctrl-C to the parent, die on SIGTERM.
+
+    ``parent`` None: the worker's parent is a fork server (itself ended when the pool's owner ends)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(Exception):  # Linux only
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def process_pool(workers: int, start_method: str | None = None) -> Iterator[Executor | None]:
+    """A process pool of ``workers`` (None for one: run inline) whose processes never outlive their parent.
+
+    ``start_method`` "forkserver" (what tasks use: an Airflow task process may run threads, which
+    ``fork`` must not copy mid-lock) or None for the platform default.
+    """
+    if workers <= 1:
+        yield None
+        return
+    context = multiprocessing.get_context(start_method) if start_method else None
+    forked = (start_method or multiprocessing.get_start_method()) == "fork"
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
+                               initargs=(os.getpid() if forked else None,))
+    try:
+        yield pool
+    except BaseException:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        results = getattr(pool, "_result_queue", None)  # shutdown() drops it
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+        # A worker killed while sending a result (a batch of records is large) leaves the pool's reader
+        # thread waiting for bytes no one will write, and the interpreter's exit waiting for that thread.
+        # With every worker gone, closing our end of the result pipe makes that read end (EOF).
+        with contextlib.suppress(Exception):
+            results._writer.close()  # type: ignore[union-attr]
+        raise
+    pool.shutdown(wait=True)
+
+
+TASK_PROCESSES_ENV = "IMAGE_TFRECORDS_TASK_PROCESSES"
+MIN_ITEMS_FOR_PROCESSES = 64  # fewer images than this: threads (starting processes would cost more)
+
+
+def task_processes() -> int:
+    """How many processes one DAG task's per-image work uses: ``IMAGE_TFRECORDS_TASK_PROCESSES``, else the
+    machine's cores, at most 8 (several tasks share a machine; 1 means threads in the task's process)."""
+    value = os.environ.get(TASK_PROCESSES_ENV, "")
+    try:
+        return max(1, int(value)) if value.strip() else max(1, min(8, os.cpu_count() or 1))
+    except ValueError:
+        raise ValueError(f"{TASK_PROCESSES_ENV} must be a whole number, not {value!r}") from None
+
+
+@contextlib.contextmanager
+def task_pool(items: int) -> Iterator[Executor | None]:
+    """The process pool of one DAG task with ``items`` images to handle (None: use threads)."""
+    workers = task_processes() if items >= MIN_ITEMS_FOR_PROCESSES else 1
+    with process_pool(min(workers, items), "forkserver") as pool:
+        yield pool

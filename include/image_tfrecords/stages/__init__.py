@@ -1,13 +1,15 @@
 """The pipeline's stages, in order: the one definition the DAG, the command line and the benchmark use.
 
-    discover -> inspect -> split -> plan -> reuse (copy the previous version's kept shards)
+    discover -> inspect (plan_inspection, inspect_chunk per chunk, gather_inspection) -> split -> plan
+             -> reuse (copy the previous version's kept shards)
              -> write (one per shard: write, then check) -> validate -> card -> publish
 
 Each stage is a function ``(cfg, storage, ...) -> small dict`` in a module of its own. It reads
 its inputs from the build's staging prefix in the store and writes its outputs there (see
 ``staging``), so a stage can run on any worker; run again on the same inputs, it writes the same
-bytes. The DAG runs each stage as a task (``write`` as one mapped task per group of shards);
-``run_pipeline`` runs them all in one process, with a process pool for the per-image work.
+bytes. The DAG runs each stage as a task (``inspect_chunk`` as one mapped task per chunk of the
+listing, ``write`` as one per group of shards, each using its machine's cores through a process
+pool); ``run_pipeline`` runs them all in one process, with one process pool for the per-image work.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..errors import BuildError
 from ..storage import Storage
 from .card import card_stage
 from .discover import discard_stage, discover_stage
-from .inspect import inspect_stage
+from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
 from .plan import all_shards, plan_stage, task_shards
 from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
@@ -64,9 +66,14 @@ __all__ = [
     "BuildError",
     "Stage",
     "card_stage",
+    "chunk_label",
     "discard_stage",
     "discover_stage",
+    "gather_inspection",
+    "inspect_chunk",
+    "inspect_chunks",
     "inspect_stage",
+    "plan_inspection",
     "plan_stage",
     "publish_stage",
     "reuse_shard",
@@ -132,10 +139,15 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
         if stage.run is publish_stage:
             before_publish()
         if stage.per_shard:
-            mapper = pool.map if pool is not None else map
+            shards = all_shards(cfg, storage)
             with progress(stage.name, results["plan"]["records_to_write"]) as done:
-                for result in mapper(partial(stage.run, cfg, storage), all_shards(cfg, storage)):
-                    done(result["num_records"])
+                if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
+                    for shard in shards:  # one at a time, each shard's records made by the whole pool
+                        stage.run(cfg, storage, shard, done, read_workers=workers, processes=pool)
+                else:
+                    mapper = pool.map if pool is not None else map
+                    for result in mapper(partial(stage.run, cfg, storage), shards):
+                        done(result["num_records"])
         elif stage.per_image:
             with progress(stage.name, results["discover"]["candidates"]) as done:
                 results[stage.name] = stage.run(cfg, storage, workers=max(2, workers), progress=done,

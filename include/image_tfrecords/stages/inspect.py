@@ -1,23 +1,43 @@
-"""Stage 2: hash, identify and fully decode every candidate (the label CSV's facts).
+"""Stage 2: hash, identify and fully decode every candidate (the label CSV's facts), in chunks.
 
-A file the previous version inspected, with the same name, size and stamp, is not read again:
-its row of the previous ``inspected.csv`` is taken over (``incremental``).
+Inspection is the build's largest per-image cost, so it is split into *chunks* of the listing that
+run anywhere (the DAG maps one task over each; the command line streams every chunk through one
+process pool):
+
+1. ``plan_inspection`` (metadata only) joins the listing with the previous version's
+   ``inspected.csv``: a file with the same name, size and stamp is not read again, its row is taken
+   over (``incremental``; ``inspect/carried.csv``). The files to read are cut, in listing order, into
+   chunks of at most ``cfg.chunk_files`` files or ``cfg.chunk_mb`` MB (bigger when that would make
+   more than ``MAX_MAP_LENGTH`` chunks): ``inspect/todo-NNNNN.csv`` and ``inspect/chunks.json``.
+2. ``inspect_chunk`` reads one chunk's files and stages its rows (``inspect/done-NNNNN.csv``).
+3. ``gather_inspection`` (metadata only) merges the carried and inspected rows back into listing
+   order: ``images.csv``, the rejects and ``inspected.csv``, as one pass over the listing would.
+
+Every row carries its listing number, so the merged tables do not depend on how the listing was
+cut or on which worker read what.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor
+from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
 from ..config import BuildConfig
-from ..documents import RowWriter, read_json, write_json
+from ..documents import RowWriter, read_json, read_rows, write_json
+from ..errors import BuildError
 from ..incremental import INSPECTION_FIELDS, base_of, inspections, why_not_reuse_inspection
 from ..manifest import REJECTS_FIELDS
-from ..parallel import batched_map, ordered_map
+from ..parallel import batched_map, ordered_map, task_pool, task_processes
+from ..planning import MB
 from ..probe import RejectedImage, inspect_image
+from ..progress import ProgressLog
 from ..reading import read_source
 from ..storage import Storage
 from .staging import (
@@ -28,10 +48,24 @@ from .staging import (
     INSPECT_REJECTS,
     INSPECT_SUMMARY,
     INSPECTED,
+    MAX_MAP_LENGTH,
     Progress,
     no_progress,
     staged,
 )
+
+CHUNKS = "inspect/chunks.json"
+CARRIED = "inspect/carried.csv"
+TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
+DONE_FIELDS = ("number", "label", *INSPECTION_FIELDS)
+
+
+def _todo(chunk: int) -> str:
+    return f"inspect/todo-{chunk:05d}.csv"
+
+
+def _done(chunk: int) -> str:
+    return f"inspect/done-{chunk:05d}.csv"
 
 
 def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict[str, Any]:
@@ -52,38 +86,139 @@ def _carried(row: dict[str, str], known: dict[str, str]) -> dict[str, Any]:
             "label": row["label"]}
 
 
-def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress: Progress = no_progress,
-                  processes: Executor | None = None) -> dict[str, Any]:
-    """Inspect every candidate (or take its previous inspection over), in listing order.
+def chunk_limits(cfg: BuildConfig, files: int, num_bytes: int, max_chunks: int = MAX_MAP_LENGTH) -> tuple[int, int]:
+    """Files and bytes per chunk: ``cfg.chunk_files`` and ``cfg.chunk_mb``, raised so that at most
+    ``max_chunks`` chunks are cut (a chunk ends at either limit, so each limit alone gives half)."""
+    half = max(1, max_chunks // 2)
+    return (max(cfg.chunk_files, math.ceil(files / half)),
+            max(int(cfg.chunk_mb * MB), math.ceil(num_bytes / half)))
 
-    Runs on ``workers`` threads (decoders release the GIL), or on the ``processes`` pool (with
-    ``workers`` processes) when given, which also spreads the per-file Python work.
-    """
+
+def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MAP_LENGTH) -> dict[str, Any]:
+    """Take over what the previous version inspected, and cut the files to read into chunks (at least one,
+    perhaps empty, so the steps after it always run). Returns ``{"chunks": n, ...}``."""
     base = base_of(cfg, storage, read_json(storage, staged(cfg, DISCOVER_SUMMARY))["previous_version"])
     why_not = why_not_reuse_inspection(cfg, base)
-    inspect = partial(inspect_one, storage, cfg)
-    read = {"files": 0, "bytes": 0}
     with tempfile.TemporaryDirectory() as tmp, \
-            inspections(storage, None if why_not else base, staged(cfg, DISCOVERED), tmp) as known, \
-            RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS) as good, \
-            RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS) as rejects, \
-            RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS) as inspection:
+            inspections(storage, None if why_not else base, staged(cfg, DISCOVERED), tmp) as known:
+        files = num_bytes = 0
+        for row in known.unread():  # first pass: how much there is to read
+            files += 1
+            num_bytes += int(row["num_bytes"])
+        max_files, max_bytes = chunk_limits(cfg, files, num_bytes, max_chunks)
+        chunks: list[dict[str, int]] = []
+        with ExitStack() as stack:
+            carried = stack.enter_context(RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS))
+            todo: RowWriter | None = None
+            for number, (row, before) in enumerate(known.all()):
+                if before is not None:
+                    result = _carried(row, before)
+                    carried.write({**result, "number": number, "num_bytes": row["num_bytes"], "stamp": row["stamp"]})
+                    continue
+                size = int(row["num_bytes"])
+                if todo is None or chunks[-1]["files"] >= max_files or \
+                        (chunks[-1]["bytes"] + size > max_bytes and chunks[-1]["files"]):
+                    if todo is not None:
+                        todo.close()
+                    todo = RowWriter(storage, staged(cfg, _todo(len(chunks))), TODO_FIELDS)
+                    chunks.append({"files": 0, "bytes": 0})
+                todo.write({**row, "number": number})
+                chunks[-1]["files"] += 1
+                chunks[-1]["bytes"] += size
+            if todo is not None:
+                todo.close()
+            else:  # nothing to read: one empty chunk
+                RowWriter(storage, staged(cfg, _todo(0)), TODO_FIELDS).close()
+                chunks.append({"files": 0, "bytes": 0})
+    plan = {"chunks": chunks, "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried.count,
+            "base_version": base.version if base else None, "not_reused_because": why_not}
+    write_json(storage, staged(cfg, CHUNKS), plan)
+    return {"chunks": len(chunks), "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried.count}
 
-        def to_read() -> Iterator[dict[str, str]]:
-            for row in known.unread():
-                read["files"] += 1
-                read["bytes"] += int(row["num_bytes"])
-                yield row
 
-        fresh = batched_map(inspect, to_read(), processes, workers) if processes else \
-            ordered_map(inspect, to_read(), workers)
-        for row, before in known.all():
-            result = next(fresh) if before is None else _carried(row, before)
-            (rejects if "reason" in result else good).write(result)
-            inspection.write({**result, "num_bytes": row["num_bytes"], "stamp": row["stamp"]})
-            progress(1)
-    summary = {"inspected": good.count, "rejected": rejects.count, "files_read": read["files"],
-               "bytes_read": read["bytes"], "files_reused": good.count + rejects.count - read["files"],
-               "base_version": base.version if base else None, "not_reused_because": why_not}
+def chunk_label(cfg: BuildConfig, storage: Storage, chunk: int) -> str:
+    """How a chunk's task is named in the UI: ``chunk 3/12 (2000 files, 95 MB)``."""
+    chunks = read_json(storage, staged(cfg, CHUNKS))["chunks"]
+    facts = chunks[chunk]
+    return f"chunk {chunk + 1}/{len(chunks)} ({facts['files']} files, {facts['bytes'] / MB:.0f} MB)"
+
+
+def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], workers: int = 4,
+                   processes: Executor | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """Inspect the files of ``chunks`` (in one stream, so a pool stays busy across chunk ends) and stage
+    each chunk's rows. Runs on ``workers`` threads (decoders release the GIL), or on the ``processes``
+    pool when given. Without ``progress``, progress lines go to the log."""
+    plan = read_json(storage, staged(cfg, CHUNKS))
+    counts = [plan["chunks"][c]["files"] for c in chunks]
+    what = f"inspect chunk {chunks[0] + 1}/{len(plan['chunks'])}" if len(chunks) == 1 else "inspect"
+    with ExitStack() as stack:
+        if progress is None:
+            progress = stack.enter_context(ProgressLog(what, sum(counts)))
+        inspect = partial(inspect_one, storage, cfg)
+        rows = _todo_rows(cfg, storage, chunks)
+        fresh = batched_map(inspect, rows, processes, workers) if processes else ordered_map(inspect, rows, workers)
+        read = rejected = 0
+        for chunk, count in zip(chunks, counts, strict=True):
+            with read_rows(storage, staged(cfg, _todo(chunk))) as todo, \
+                    RowWriter(storage, staged(cfg, _done(chunk)), DONE_FIELDS) as done:
+                for row, result in zip(todo, itertools.islice(fresh, count), strict=True):
+                    done.write({**result, "number": row["number"], "label": row["label"],
+                                "num_bytes": row["num_bytes"], "stamp": row["stamp"]})
+                    rejected += "reason" in result
+                    progress(1)
+            read += count
+    return {"chunks": len(chunks), "files_read": read, "rejected": rejected}
+
+
+def _todo_rows(cfg: BuildConfig, storage: Storage, chunks: Iterable[int]) -> Iterator[dict[str, str]]:
+    for chunk in chunks:
+        with read_rows(storage, staged(cfg, _todo(chunk))) as rows:
+            yield from rows
+
+
+def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, Any]:
+    """Inspect one chunk: the DAG's mapped task. Its images are spread over a process pool of this
+    machine's cores (``parallel.task_pool``; threads for a small chunk); progress goes to the log."""
+    files = read_json(storage, staged(cfg, CHUNKS))["chunks"][chunk]["files"]
+    with task_pool(files) as pool:
+        return inspect_chunks(cfg, storage, [chunk], max(4, task_processes()), pool)
+
+
+def _numbered(rows: Iterable[dict[str, str]]) -> Iterator[tuple[int, dict[str, str]]]:
+    for row in rows:
+        yield int(row["number"]), row
+
+
+def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Merge the carried and the chunks' rows, in listing order, into ``images.csv``, the inspection
+    rejects and ``inspected.csv``; stage the inspection summary."""
+    plan = read_json(storage, staged(cfg, CHUNKS))
+    missing = [c for c in range(len(plan["chunks"])) if not storage.exists(staged(cfg, _done(c)))]
+    if missing:
+        raise BuildError(f"inspection chunk(s) {', '.join(str(c + 1) for c in missing[:10])} of "
+                         f"{len(plan['chunks'])} were not inspected")
+    with ExitStack() as stack:
+        carried = stack.enter_context(read_rows(storage, staged(cfg, CARRIED)))
+        fresh = (row for c in range(len(plan["chunks"]))
+                 for row in stack.enter_context(read_rows(storage, staged(cfg, _done(c)))))
+        good = stack.enter_context(RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS))
+        rejects = stack.enter_context(RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS))
+        inspection = stack.enter_context(RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS))
+        for _, row in heapq.merge(_numbered(carried), _numbered(fresh), key=lambda item: item[0]):
+            (rejects if row["reason"] else good).write(row)
+            inspection.write(row)
+    summary = {"inspected": good.count, "rejected": rejects.count, "files_read": plan["files_to_read"],
+               "bytes_read": plan["bytes_to_read"], "files_reused": plan["files_reused"],
+               "base_version": plan["base_version"], "not_reused_because": plan["not_reused_because"],
+               "chunks": len(plan["chunks"])}
     write_json(storage, staged(cfg, INSPECT_SUMMARY), summary)
     return {key: summary[key] for key in ("inspected", "rejected", "files_read", "files_reused")}
+
+
+def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress: Progress = no_progress,
+                  processes: Executor | None = None) -> dict[str, Any]:
+    """Plan, inspect every chunk and gather (the command line's inspection)."""
+    planned = plan_inspection(cfg, storage)
+    progress(planned["files_reused"])
+    inspect_chunks(cfg, storage, range(planned["chunks"]), workers, processes, progress)
+    return gather_inspection(cfg, storage)

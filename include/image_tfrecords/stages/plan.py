@@ -96,7 +96,9 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     tasks = planning.group_tasks(to_write, max_tasks)
     files = layout.all_files
     counts = np.bincount(layout.shard_of, minlength=len(files))  # records per shard
+    records_of = {f: int(counts[i]) for i, f in enumerate(files)}
     plan = {"compression": cfg.compression, "shard_size_mb": cfg.shard_size_mb, "tasks": tasks,
+            "task_records": [sum(records_of[f] for f in task) for task in tasks],
             "splits": layout.files, "reuse": layout.reuse, "rewrite": layout.rewrite,
             "build": {"mode": "full" if why_full else "incremental", "full_because": why_full,
                       "base_version": base.version if base else None}}

@@ -9,15 +9,21 @@ from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json
 from ..errors import BuildError
+from ..parallel import ordered_map
+from ..progress import ProgressLog
 from ..storage import Storage, join
 from ..tfds_metadata import tfds_metadata_files
+from .reuse import COPY_THREADS
 from .staging import CARD, CARD_INDEX, INSPECTED, LABELS, MANIFEST, REJECTS, SHARDS, staged
 
 
-def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREADS) -> dict[str, Any]:
     """Copy the validated build to ``DEST/DATASET/VERSION/``: shards and their ``.tfindex`` files, the
     card, labels.csv, rejects.csv, inspected.csv, TFDS's metadata, ``manifest.json``; then ``_SUCCESS`` (the manifest's
-    SHA-256), then move ``latest.json`` forward. Rerunning it after success changes nothing."""
+    SHA-256), then move ``latest.json`` forward. Rerunning it after success changes nothing.
+
+    The copies run on ``threads`` threads (server-side ``CopyObject`` on S3, hard links or copies locally).
+    """
     final = cfg.version_uri
     staged_manifest = staged(cfg, MANIFEST)
     if storage.exists(join(final, layout.SUCCESS)):
@@ -29,15 +35,18 @@ def publish_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                              "content; published versions are immutable, so pick another version")
         return _finish(cfg, storage, read_json(storage, staged_manifest), already=True)
     manifest = read_json(storage, staged_manifest)
+    copies: list[tuple[str, str, str | None]] = []  # (staged, published, sha256 to check or None)
     for split in manifest["splits"].values():
         for shard in split["shards"]:
-            storage.copy(staged(cfg, SHARDS, shard["file"]), join(final, shard["file"]), shard["sha256"])
+            copies.append((staged(cfg, SHARDS, shard["file"]), join(final, shard["file"]), shard["sha256"]))
             index = layout.index_file(shard["file"])
-            storage.copy(staged(cfg, SHARDS, index), join(final, index))
-    for name in read_json(storage, staged(cfg, CARD_INDEX)):
-        storage.copy(staged(cfg, CARD, name), join(final, name))
-    for name in (LABELS, REJECTS, INSPECTED):
-        storage.copy(staged(cfg, name), join(final, name))
+            copies.append((staged(cfg, SHARDS, index), join(final, index), None))
+    card_files = read_json(storage, staged(cfg, CARD_INDEX))
+    copies += [(staged(cfg, CARD, name), join(final, name), None) for name in card_files]
+    copies += [(staged(cfg, name), join(final, name), None) for name in (LABELS, REJECTS, INSPECTED)]
+    with ProgressLog(f"publish {cfg.version}", len(copies), "files") as done:  # nothing is visible until _SUCCESS
+        for _ in ordered_map(lambda copy: storage.copy(*copy), copies, threads):
+            done(1)
     for name, data in sorted(tfds_metadata_files(manifest).items()):
         storage.write_bytes(join(final, name), data)
     storage.copy(staged_manifest, join(final, layout.MANIFEST))

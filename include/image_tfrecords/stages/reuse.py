@@ -17,6 +17,7 @@ from ..documents import read_json, write_json
 from ..errors import BuildError
 from ..incremental import FULL_REBUILD
 from ..parallel import ordered_map
+from ..progress import ProgressLog
 from ..storage import Storage, join
 from .staging import CHECKED, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
 from .validate import members_digest
@@ -29,8 +30,12 @@ def reuse_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_prog
     """Copy and check every reused shard of the plan; returns how many and their bytes."""
     reuse = read_json(storage, staged(cfg, PLAN))["reuse"]
     storage.prime(cfg.staging_uri)
-    results = list(ordered_map(lambda item: reuse_shard(cfg, storage, *item, progress=progress),
-                               sorted(reuse.items()), threads))
+    with ProgressLog("reuse", len(reuse), "shards") as copied:
+        results = []
+        for result in ordered_map(lambda item: reuse_shard(cfg, storage, *item, progress=progress),
+                                  sorted(reuse.items()), threads):
+            results.append(result)
+            copied(1)
     return {"reused": len(results), "num_bytes": sum(r["num_bytes"] for r in results)}
 
 

@@ -15,6 +15,8 @@ import io
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from concurrent.futures import Executor
+from functools import partial
 from typing import Any
 
 from .. import __version__, layout
@@ -23,6 +25,7 @@ from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
 from ..example import decode_example
 from ..manifest import FEATURES, example_features, feature_spec
+from ..parallel import batched_map
 from ..storage import HashingReader, Storage
 from ..tfrecord import CorruptRecordError, read_records
 from .staging import (
@@ -63,25 +66,41 @@ def members_digest(members: bytes) -> tuple[str, int]:
     return _set_digest(r["filename"] for r in rows), len(rows)
 
 
-def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress) -> dict[str, Any]:
-    """Re-read a staged shard and check it; stage and return its result."""
+def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,
+                   processes: Executor | None = None, workers: int = 1) -> dict[str, Any]:
+    """Re-read a staged shard and check it; stage and return its result.
+
+    The shard is read in one stream (CRCs, offsets, its SHA-256); each record's parse and checks run
+    on the ``processes`` pool when given (a batch of records per call), and are matched with the
+    planned members here, in order.
+    """
     uri = staged(cfg, SHARDS, shard)
     tag = storage.change_tag(uri)  # taken first: a change while it is read makes validate_stage check it again
     members_data = storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))  # bounded by the shard size
     members_sha = hashlib.sha256(members_data).hexdigest()
     members = member_rows(members_data)
     unseen = {m["filename"]: m for m in members}  # records are matched by name: a rewritten shard keeps its order
-    count, position, index = 0, 0, []
+    count, index = 0, []
+
+    def records(raw: HashingReader) -> Iterator[tuple[int, bytes]]:
+        position = 0
+        for number, record in enumerate(read_records(raw, cfg.compression)):  # type: ignore[arg-type]
+            index.append(f"{position} {len(record) + _RECORD_OVERHEAD}\n")
+            position += len(record) + _RECORD_OVERHEAD
+            yield number, record
+
+    check = partial(record_facts, shard)
     try:
         with storage.open_read(uri) as stream:
             raw = HashingReader(stream)
             try:
-                for count, record in enumerate(read_records(raw, cfg.compression), start=1):  # type: ignore[arg-type]
-                    if count > len(members):
+                facts = batched_map(check, records(raw), processes, workers, batch=32) if processes is not None \
+                    else map(check, records(raw))
+                for fact in facts:
+                    if count >= len(members):
                         raise BuildError(f"shard {shard} holds more records than the {len(members)} planned")
-                    _check_record(shard, count - 1, record, unseen)
-                    index.append(f"{position} {len(record) + _RECORD_OVERHEAD}\n")
-                    position += len(record) + _RECORD_OVERHEAD
+                    _match(shard, fact, unseen)
+                    count += 1
                     progress(1)
             except CorruptRecordError as exc:
                 raise BuildError(f"shard {shard} is corrupt: {exc}") from exc
@@ -108,9 +127,11 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     return result
 
 
-def _check_record(shard: str, index: int, record: bytes, unseen: dict[str, dict[str, str]]) -> None:
-    """Check one record against the member of its name (removed from ``unseen``: a name counts once)."""
-    where = f"shard {shard} record {index}"
+def record_facts(shard: str, item: tuple[int, bytes]) -> tuple[int, str, dict[str, Any], str]:
+    """Parse record ``item = (index, bytes)`` of ``shard`` and check its schema: ``(index, file name, its
+    feature values but the image, the image's SHA-256)``. Needs nothing but the record, so it runs anywhere."""
+    number, record = item
+    where = f"shard {shard} record {number}"
     try:
         example = decode_example(record)
     except (ValueError, KeyError, IndexError) as exc:
@@ -123,15 +144,22 @@ def _check_record(shard: str, index: int, record: bytes, unseen: dict[str, dict[
         if len(values) != 1 or not isinstance(values[0], kind):
             raise BuildError(f"{where}: {key} is not one {dtype}")
     name = example["image/filename"][0].decode("utf-8", "surrogateescape")  # type: ignore[union-attr]
+    image_sha = hashlib.sha256(example["image/encoded"][0]).hexdigest()  # type: ignore[arg-type]
+    return number, name, {key: example[key][0] for key in FEATURES if key != "image/encoded"}, image_sha
+
+
+def _match(shard: str, facts: tuple[int, str, dict[str, Any], str], unseen: dict[str, dict[str, str]]) -> None:
+    """Check one record's facts against the member of its name (removed from ``unseen``: a name counts once)."""
+    number, name, values, image_sha = facts
+    where = f"shard {shard} record {number}"
     member = unseen.pop(name, None)
     if member is None:
         raise BuildError(f"{where}: {name!r} is not planned for this shard, or is in it twice")
     expected = example_features(member, b"")
-    for key in FEATURES:
-        values = example[key]
-        if key != "image/encoded" and values[0] != expected[key]:
-            raise BuildError(f"{where}: {key} is {values[0]!r}, the plan says {expected[key]!r}")
-    if hashlib.sha256(example["image/encoded"][0]).hexdigest() != member["encoded_sha256"]:  # type: ignore[arg-type]
+    for key, value in values.items():
+        if value != expected[key]:
+            raise BuildError(f"{where}: {key} is {value!r}, the plan says {expected[key]!r}")
+    if image_sha != member["encoded_sha256"]:
         raise BuildError(f"{where}: image bytes do not match what inspection recorded")
 
 

@@ -11,6 +11,9 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor
+from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 from .. import layout
@@ -20,33 +23,40 @@ from ..errors import BuildError
 from ..example import decode_example, encode_example
 from ..incremental import FULL_REBUILD
 from ..manifest import example_features
-from ..parallel import ordered_map
+from ..parallel import batched_map, ordered_map, task_pool, task_processes
 from ..probe import RejectedImage, stored_bytes
+from ..progress import ProgressLog
 from ..reading import read_source
 from ..storage import HashingReader, HashingWriter, Storage, join
 from ..tfrecord import CorruptRecordError, TFRecordWriter, read_records
-from .plan import task_shards
 from .staging import MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged
 from .validate import member_rows, validate_shard
 
 
-def write_task(cfg: BuildConfig, storage: Storage, task_index: int, progress: Progress = no_progress,
-               read_workers: int = 4) -> list[dict[str, Any]]:
-    """Write and check every shard of one write task; returns their small results."""
-    return [write_and_check(cfg, storage, shard, progress, read_workers)
-            for shard in task_shards(cfg, storage, task_index)]
+def write_task(cfg: BuildConfig, storage: Storage, task_index: int) -> list[dict[str, Any]]:
+    """Write and check every shard of one write task: the DAG's mapped task. Each shard's records are
+    made on a process pool of this machine's cores (``parallel.task_pool``; threads for a few records);
+    progress goes to the log. Returns the shards' small results."""
+    plan = read_json(storage, staged(cfg, PLAN))
+    with task_pool(plan["task_records"][task_index]) as pool:
+        return [write_and_check(cfg, storage, shard, None, max(4, task_processes()), pool)
+                for shard in plan["tasks"][task_index]]
 
 
-def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,
-                    read_workers: int = 4) -> dict[str, Any]:
+def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress | None = no_progress,
+                    read_workers: int = 4, processes: Executor | None = None) -> dict[str, Any]:
     """Write one shard (from the source, or rewritten from the previous version's), then re-read and
-    check it (the result is staged for the validate stage)."""
+    check it (the result is staged for the validate stage). ``progress`` None: progress lines go to the log."""
     origin = read_json(storage, staged(cfg, PLAN))["rewrite"].get(shard)
-    if origin is None:
-        write_shard(cfg, storage, shard, progress, read_workers)
-    else:
-        rewrite_shard(cfg, storage, shard, origin, progress)
-    return validate_shard(cfg, storage, shard)
+    with ExitStack() as stack:
+        if progress is None:
+            records = len(member_rows(storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))))
+            progress = stack.enter_context(ProgressLog(f"write {shard}", records, "records"))
+        if origin is None:
+            write_shard(cfg, storage, shard, progress, read_workers, processes)
+        else:
+            rewrite_shard(cfg, storage, shard, origin, progress, read_workers, processes)
+    return validate_shard(cfg, storage, shard, processes=processes, workers=read_workers)
 
 
 def _already_written(cfg: BuildConfig, storage: Storage, shard: str, members_sha: str,
@@ -78,27 +88,39 @@ def _stage(cfg: BuildConfig, storage: Storage, shard: str, path: str, writer: TF
     return receipt
 
 
-def _from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[str, str]],
-                 read_workers: int) -> Iterator[tuple[bytes, int]]:
-    """Each member's record (``tf.train.Example`` bytes) from its image in the source, and the bytes read."""
-    def fetch(row: dict[str, str]) -> tuple[dict[str, str], bytes]:
-        try:
-            return row, read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
-        except RejectedImage as exc:
-            raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
+def _record_from_source(cfg: BuildConfig, storage: Storage, row: dict[str, str]) -> tuple[bytes, int]:
+    """One member's record (``tf.train.Example`` bytes) from its image in the source, and the bytes read."""
+    try:
+        data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+    except RejectedImage as exc:
+        raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
+    if hashlib.sha256(data).hexdigest() != row["sha256"]:
+        raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
+    try:
+        encoded = stored_bytes(data, row, cfg.max_pixels)
+    except (ValueError, RejectedImage) as exc:
+        raise BuildError(f"{row['filename']}: {exc}") from exc
+    return encode_example(example_features(row, encoded)), len(data)
 
-    for row, data in ordered_map(fetch, rows, read_workers):
-        if hashlib.sha256(data).hexdigest() != row["sha256"]:
-            raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
-        try:
-            encoded = stored_bytes(data, row, cfg.max_pixels)
-        except (ValueError, RejectedImage) as exc:
-            raise BuildError(f"{row['filename']}: {exc}") from exc
-        yield encode_example(example_features(row, encoded)), len(data)
+
+def _from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[str, str]], read_workers: int,
+                 processes: Executor | None = None) -> Iterator[tuple[bytes, int]]:
+    """Each member's record and the bytes read, in member order: made on ``read_workers`` threads, or on
+    the ``processes`` pool (a few records per call), so one shard uses every core.
+
+    This is how a shard is written by many cores without its bytes depending on them: the records
+    are made in parallel, and written in plan order by the one process that owns the shard file.
+    Across machines (Celery, Kubernetes) the unit is the write task; ``shard_size_mb`` sets how many
+    there are.
+    """
+    make = partial(_record_from_source, cfg, storage)
+    if processes is not None:
+        return batched_map(make, rows, processes, read_workers, batch=8)
+    return ordered_map(make, rows, read_workers)
 
 
 def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,
-                read_workers: int = 4) -> dict[str, Any]:
+                read_workers: int = 4, processes: Executor | None = None) -> dict[str, Any]:
     """Write one shard from its member list (images read from the source) and stage it whole; skip if
     already staged identically."""
     members_uri = staged(cfg, MEMBERS, shard + ".csv")
@@ -111,7 +133,7 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
         path = os.path.join(tmp, shard)
         with read_rows(storage, members_uri) as rows, open(path, "wb") as file, \
                 TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
-            for record, read in _from_source(cfg, storage, rows, read_workers):
+            for record, read in _from_source(cfg, storage, rows, read_workers, processes):
                 writer.write(record)
                 source_bytes += read
                 progress(1)
@@ -119,7 +141,8 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
 
 
 def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],
-                  progress: Progress = no_progress, read_workers: int = 4) -> dict[str, Any]:
+                  progress: Progress = no_progress, read_workers: int = 4,
+                  processes: Executor | None = None) -> dict[str, Any]:
     """Write one shard from a previous version's shard (``origin``: its version, file and sha256): the
     first ``origin["kept"]`` members are copied record by record from it, in its order (their images are
     not read); the members after them are appended from the source. The previous shard must still hash
@@ -154,7 +177,7 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
                 raise BuildError(f"{old} no longer hashes to the sha256 its manifest gives: {advice}")
             if wanted:
                 raise BuildError(f"{old} does not hold {min(wanted)}, which its labels.csv puts there: {advice}")
-            for record, read in _from_source(cfg, storage, members[origin["kept"]:], read_workers):
+            for record, read in _from_source(cfg, storage, members[origin["kept"]:], read_workers, processes):
                 writer.write(record)
                 source_bytes += read
                 progress(1)
