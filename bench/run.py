@@ -863,8 +863,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="image counts of the incremental nights ('' for none; default: 6000,100000)")
     parser.add_argument("--chain", type=int, default=10,
                         help="nights in the chain, at the smallest --incremental size (0 for none; default: 10)")
-    parser.add_argument("--only", choices=("all", "incremental"), default="all",
-                        help="incremental: only the incremental nights (default --out: WORK/incremental.md)")
+    parser.add_argument("--scaling", type=int, default=20_000,
+                        help="corpus size of the scaling over cores (0 for none; default: 20000)")
+    parser.add_argument("--only", choices=("all", "incremental", "scaling"), default="all",
+                        help="incremental or scaling: only that section (default --out: WORK/SECTION.md)")
     parser.add_argument("--no-dag", action="store_true", help="skip (e)")
     parser.add_argument("--out", help="markdown file to write (default: BENCHMARKS.md)")
     parser.add_argument("--work", default=str(ROOT / ".bench"), help="corpora and scratch space")
@@ -873,14 +875,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard_size_mb = 100.0
     if args.smoke:  # small shards, so that the few hundred images of a night have shards to reuse
         args.rounds, args.images, args.scale, args.incremental, args.chain = 1, 40, "30,60", "300", 5
+        args.scaling = 200
         shard_size_mb = 4.0
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out or (work / "incremental.md" if args.only == "incremental" else ROOT / "BENCHMARKS.md"))
+    out = Path(args.out or (work / f"{args.only}.md" if args.only != "all" else ROOT / "BENCHMARKS.md"))
     command = "make bench" if not args.smoke else "bench/run.py --smoke"
     if args.only == "incremental":
         command = (f"bench/run.py{' --smoke' * args.smoke} --only incremental --incremental {args.incremental} "
                    f"--chain {args.chain}")
+    if args.only == "scaling":
+        command = f"bench/run.py{' --smoke' * args.smoke} --only scaling --scaling {args.scaling}"
     data: dict[str, Any] = {}
     rows: list[tuple[str, str, bool]] = []
     issues = []
@@ -913,8 +918,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "write_seconds": write_seconds, "scale": scale, "xcoms": xcoms}
     else:
         text = "\n".join(preamble(command)) + "\n"
+    if args.scaling and args.only in ("all", "scaling"):
+        print(f"scaling over cores: {args.scaling} images ...", flush=True)
+        data["scaling"] = scaling(args.scaling, work, args.smoke)
+        text += "\n".join(render_scaling(data["scaling"])) + "\n"
+        rows += scaling_targets(data["scaling"])
+        issues.append("13")
     incremental: dict[int, Any] = {}
-    sizes = sorted(int(n) for n in args.incremental.split(",") if n.strip())
+    sizes = sorted(int(n) for n in args.incremental.split(",") if n.strip()) if args.only != "scaling" else []
     for images in sizes:
         print(f"incremental nights: {images} images ...", flush=True)
         incremental[images] = incremental_nights(images, work, args.smoke, shard_size_mb,

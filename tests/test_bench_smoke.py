@@ -33,13 +33,21 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert {task for task, _, _ in data["xcoms"]} >= {"discover", "plan", "write_shards", "publish"}
     assert sorted(data["scale"]) == ["30", "60"]
     for report in data["scale"].values():
-        assert list(report["stages"]) == ["discover", "inspect", "split", "plan", "reuse", "write_shards", "validate",
-                                          "card", "publish"]
+        assert list(report["stages"]) == ["discover", "plan_inspection", "inspect_images", "split", "plan",
+                                          "reuse_shards", "write_shards", "validate", "card", "publish"]
         assert report["mapped_tasks"] >= 1 and report["shards"] >= report["mapped_tasks"]
+        assert report["mapped"]["inspect_images"] >= 1
+    scaling = data["scaling"]  # the CLI at 1 and 2 workers (this machine's cores), with its stage times
+    assert scaling["images"] == 200 and "1" in scaling["workers"]
+    assert "2" in scaling["workers"] or scaling["cores"] == 1
+    for run in scaling["workers"].values():
+        assert run["seconds"] > 0 and set(run["stages"]) >= {"discover", "inspect", "split", "plan", "write",
+                                                             "validate", "publish"}
     text = out.read_text()
     for label in ("(a) seed-style, 1 process", "(b) seed-style, 2 threads", "(c) cp -r", "--workers 2",
-                  "airflow dags test", "## Targets (issues 5 and 12)", "## Scale: 60 images",
-                  "## Incremental nights (issue 12)", "### 5 nights at 300 images"):
+                  "airflow dags test", "## Targets (issues 5 and 13 and 12)", "## Scale: 60 images",
+                  "## Scaling over cores: 200 images", "## Incremental nights (issue 12)",
+                  "### 5 nights at 300 images"):
         assert label in text
     assert "Compaction on night" in text or "No compaction in 5 nights: " in text
     assert len(data["targets"]) >= 9

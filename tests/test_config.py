@@ -119,7 +119,8 @@ def test_to_dict_round_trips() -> None:
     assert cfg.to_dict() == {"source": "/data/flowers", "destination": "/data/out", "dataset": "flowers",
                              "version": "v1", "splits": {"a": 0.25, "b": 0.75}, "salt": "pepper",
                              "shard_size_mb": 0.5, "compression": "gzip", "max_reject_fraction": 0.5,
-                             "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485, "full": False}
+                             "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485, "full": False,
+                             "chunk_files": 2000, "chunk_mb": 1000.0}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 

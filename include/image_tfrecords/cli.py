@@ -181,6 +181,8 @@ def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: 
                  + (f"  ({', '.join(f'{k}: {v}' for k, v in manifest['rejects_by_reason'].items())})"
                     if manifest["num_rejected"] else "") + f"   skipped (not images): {manifest['num_skipped']}")
     lines.append("  " + build_line(manifest))
+    if result.get("stage_seconds"):
+        lines.append("  stages: " + ", ".join(f"{name} {t:.2f} s" for name, t in result["stage_seconds"].items()))
     lines.append(f"  {manifest['num_records']} records, {megabytes:.1f} MB in {seconds:.1f} s "
                  f"({manifest['num_records'] / max(seconds, 1e-9):.0f} images/s); latest is {result['latest']}")
     return "\n".join(lines)

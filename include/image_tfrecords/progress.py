@@ -11,10 +11,12 @@ command line shows bars instead, or these lines with ``--no-progress`` off a ter
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any, TypeVar
 
 log = logging.getLogger("image_tfrecords")
 
@@ -72,3 +74,28 @@ class ProgressLog:
             self._log.info("%s", self.summary())
         else:
             self._log.info("%s: stopped at %d/%d %s (%s)", self.what, self.done, self.total, self.unit, kind.__name__)
+
+
+def _brief(result: Any) -> str:
+    """A stage's small result as ``key=value`` pairs (scalars only), at most ~300 characters."""
+    if not isinstance(result, dict):
+        return ""
+    text = ", ".join(f"{k}={v}" for k, v in result.items() if isinstance(v, str | int | float | bool) and v != "")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def summarized(stage: F) -> F:
+    """Log one summary line when ``stage`` returns: ``split: done in 0.4 s (num_records=..., ...)``."""
+
+    @functools.wraps(stage)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        result = stage(*args, **kwargs)
+        log.info("%s: done in %.1f s (%s)", stage.__name__.removesuffix("_stage"), time.monotonic() - started,
+                 _brief(result))
+        return result
+
+    return run  # type: ignore[return-value]

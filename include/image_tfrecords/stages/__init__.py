@@ -15,6 +15,7 @@ pool); ``run_pipeline`` runs them all in one process, with one process pool for 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
@@ -127,35 +128,41 @@ def _silent(_name: str, _total: int) -> Iterator[Progress]:
 def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = None, workers: int = 1,
                  progress: ProgressFactory = _silent, force: bool = False,
                  before_publish: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    """Run every stage of ``PIPELINE`` in this process; per-image work goes to ``pool`` (``workers`` processes).
+    """Run every stage of ``PIPELINE`` in this process; per-image work goes to ``pool`` (``workers`` processes;
+    None: ``workers`` threads here, one meaning everything on this thread).
 
     When the source listing and params are those of the previous published version, nothing is
     built (the staging is dropped) unless ``force`` or ``cfg.full``: returns ``{"unchanged_since": VERSION, ...}``.
     ``progress(stage, total)`` gives a callback counting images done; ``before_publish`` may raise to
-    stop the build before anything is published (the CLI checks it still holds its lock).
+    stop the build before anything is published (the CLI checks it still holds its lock). The result
+    (publish's) also gives ``stage_seconds``.
     """
     results: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
     for stage in PIPELINE:
         if stage.run is publish_stage:
             before_publish()
+        started = time.perf_counter()
         if stage.per_shard:
             shards = all_shards(cfg, storage)
             with progress(stage.name, results["plan"]["records_to_write"]) as done:
                 if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
                     for shard in shards:  # one at a time, each shard's records made by the whole pool
                         stage.run(cfg, storage, shard, done, read_workers=workers, processes=pool)
-                else:
+                else:  # a shard per process (4 threads each, for the store's latency), or all here
                     mapper = pool.map if pool is not None else map
-                    for result in mapper(partial(stage.run, cfg, storage), shards):
+                    for result in mapper(partial(stage.run, cfg, storage, read_workers=4 if pool else workers),
+                                         shards):
                         done(result["num_records"])
         elif stage.per_image:
             with progress(stage.name, results["discover"]["candidates"]) as done:
-                results[stage.name] = stage.run(cfg, storage, workers=max(2, workers), progress=done,
+                results[stage.name] = stage.run(cfg, storage, workers=workers, progress=done,
                                                 processes=pool if pool is not None and workers > 1 else None)
         else:
             results[stage.name] = stage.run(cfg, storage)
+        seconds[stage.name] = round(time.perf_counter() - started, 3)
         unchanged = results.get("discover", {}).get("unchanged_since")
         if stage.run is discover_stage and unchanged and not (force or cfg.full):
             discard_stage(cfg, storage)
             return {"unchanged_since": unchanged, "version": unchanged}
-    return results["publish"]
+    return {**results["publish"], "stage_seconds": seconds}

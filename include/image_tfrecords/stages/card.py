@@ -10,6 +10,7 @@ from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..probe import RejectedImage, stored_bytes
+from ..progress import summarized
 from ..reading import read_source
 from ..storage import Storage, join
 from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, staged
@@ -23,6 +24,7 @@ def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
     return rows
 
 
+@summarized
 def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Render the card into staging (``card-files/``, listed in ``card-files.json``)."""
     from ..card import PreviousVersion, build_card

@@ -12,10 +12,12 @@ from ..documents import RowWriter, write_json
 from ..errors import BuildError
 from ..incremental import RETRIED_REASONS
 from ..manifest import REJECTS_FIELDS
+from ..progress import summarized
 from ..storage import Storage, join
 from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, staged
 
 
+@summarized
 def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """List the source: candidate images to inspect, rejects, and skipped non-image files.
 

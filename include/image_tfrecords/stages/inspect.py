@@ -37,7 +37,7 @@ from ..manifest import REJECTS_FIELDS
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
 from ..planning import MB
 from ..probe import RejectedImage, inspect_image
-from ..progress import ProgressLog
+from ..progress import ProgressLog, summarized
 from ..reading import read_source
 from ..storage import Storage
 from .staging import (
@@ -94,6 +94,7 @@ def chunk_limits(cfg: BuildConfig, files: int, num_bytes: int, max_chunks: int =
             max(int(cfg.chunk_mb * MB), math.ceil(num_bytes / half)))
 
 
+@summarized
 def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MAP_LENGTH) -> dict[str, Any]:
     """Take over what the previous version inspected, and cut the files to read into chunks (at least one,
     perhaps empty, so the steps after it always run). Returns ``{"chunks": n, ...}``."""
@@ -189,6 +190,7 @@ def _numbered(rows: Iterable[dict[str, str]]) -> Iterator[tuple[int, dict[str, s
         yield int(row["number"]), row
 
 
+@summarized
 def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Merge the carried and the chunks' rows, in listing order, into ``images.csv``, the inspection
     rejects and ``inspected.csv``; stage the inspection summary."""

@@ -37,6 +37,7 @@ from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..incremental import COMPACTION_FACTOR, Base, base_of, survivors, why_not_reuse_shards
 from ..manifest import LABELS_FIELDS, RECORD_FIELDS
+from ..progress import summarized
 from ..storage import Storage
 from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 
@@ -56,6 +57,7 @@ class Layout:
         return [f for files in self.files.values() for f in files]
 
 
+@summarized
 def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENGTH) -> dict[str, Any]:
     """Plan the shards (full or incremental, see the module), stage members and labels.csv, and group
     the shards to write into at most ``max_tasks`` write tasks.

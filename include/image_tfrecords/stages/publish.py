@@ -10,13 +10,14 @@ from ..config import BuildConfig
 from ..documents import read_json
 from ..errors import BuildError
 from ..parallel import ordered_map
-from ..progress import ProgressLog
+from ..progress import ProgressLog, summarized
 from ..storage import Storage, join
 from ..tfds_metadata import tfds_metadata_files
 from .reuse import COPY_THREADS
 from .staging import CARD, CARD_INDEX, INSPECTED, LABELS, MANIFEST, REJECTS, SHARDS, staged
 
 
+@summarized
 def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREADS) -> dict[str, Any]:
     """Copy the validated build to ``DEST/DATASET/VERSION/``: shards and their ``.tfindex`` files, the
     card, labels.csv, rejects.csv, inspected.csv, TFDS's metadata, ``manifest.json``; then ``_SUCCESS`` (the manifest's

@@ -17,7 +17,7 @@ from ..documents import read_json, write_json
 from ..errors import BuildError
 from ..incremental import FULL_REBUILD
 from ..parallel import ordered_map
-from ..progress import ProgressLog
+from ..progress import ProgressLog, summarized
 from ..storage import Storage, join
 from .staging import CHECKED, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
 from .validate import members_digest
@@ -25,6 +25,7 @@ from .validate import members_digest
 COPY_THREADS = 8
 
 
+@summarized
 def reuse_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_progress,
                 threads: int = COPY_THREADS) -> dict[str, Any]:
     """Copy and check every reused shard of the plan; returns how many and their bytes."""

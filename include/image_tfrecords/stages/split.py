@@ -10,6 +10,7 @@ from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..manifest import RECORD_FIELDS, REJECTS_FIELDS
+from ..progress import summarized
 from ..splitting import DuplicateResolver, assign_split
 from ..storage import Storage, join
 from .staging import (
@@ -24,6 +25,7 @@ from .staging import (
 )
 
 
+@summarized
 def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Stage the records (labels.csv's rows, with class id and split; plan adds the shard) and rejects.csv.
 

@@ -26,6 +26,7 @@ from ..errors import BuildError
 from ..example import decode_example
 from ..manifest import FEATURES, example_features, feature_spec
 from ..parallel import batched_map
+from ..progress import summarized
 from ..storage import HashingReader, Storage
 from ..tfrecord import CorruptRecordError, read_records
 from .staging import (
@@ -222,6 +223,7 @@ def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[d
     }
 
 
+@summarized
 def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_progress) -> dict[str, Any]:
     """Add up the per-shard checks (checking any shard not checked yet) and stage ``manifest.json``."""
     plan = read_json(storage, staged(cfg, PLAN))
