@@ -43,6 +43,11 @@ class RowWriter:
         self._writer.writerow(row)
         self.count += 1
 
+    def write_values(self, values: Sequence[Any]) -> None:
+        """Write one row given as its values, in this writer's field order (the fast path of a long table)."""
+        self._writer.writer.writerow(values)
+        self.count += 1
+
     def write_line(self, line: str) -> None:
         """Write one row already formatted as CSV (its fields in this writer's order, ending in a newline)."""
         self._file.write(line)

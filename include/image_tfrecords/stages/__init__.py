@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config import BuildConfig
 from ..errors import BuildError
-from ..storage import Storage
+from ..storage import Storage, is_s3
 from .card import card_stage
 from .discover import discard_stage, discover_stage
 from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
@@ -149,10 +149,10 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
                     for shard in shards:  # one at a time, each shard's records made by the whole pool
                         stage.run(cfg, storage, shard, done, read_workers=workers, processes=pool)
-                else:  # a shard per process (4 threads each, for the store's latency), or all here
+                else:  # a shard per process (4 threads each for S3's latency; one locally), or all here
                     mapper = pool.map if pool is not None else map
-                    for result in mapper(partial(stage.run, cfg, storage, read_workers=4 if pool else workers),
-                                         shards):
+                    threads = (4 if is_s3(cfg.source) else 1) if pool is not None else workers
+                    for result in mapper(partial(stage.run, cfg, storage, read_workers=threads), shards):
                         done(result["num_records"])
         elif stage.per_image:
             with progress(stage.name, results["discover"]["candidates"]) as done:

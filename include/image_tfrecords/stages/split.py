@@ -34,8 +34,10 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     or when more than ``max_reject_fraction`` of the files were rejected.
     """
     inspected = staged(cfg, IMAGES)
-    with read_rows(storage, inspected) as rows:
-        resolver = DuplicateResolver((r["filename"], r["label"], r["sha256"]) for r in rows)
+    with read_rows(storage, inspected) as rows:  # plain lists, not dicts: both passes run over every image
+        col = {name: i for i, name in enumerate(rows.fieldnames or ())}
+        name, label, sha = col["filename"], col["label"], col["sha256"]
+        resolver = DuplicateResolver((v[name], v[label], v[sha]) for v in rows.reader)
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
     previous = found["previous_version"]
     known = layout.read_manifest(storage, join(cfg.dataset_uri, previous))["classes"] if previous else []
@@ -51,16 +53,23 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     rejects.write(row)
                     reasons[row["reason"]] += 1
         with read_rows(storage, inspected) as rows:
-            for row in rows:
-                verdict = resolver.verdict(row["filename"], row["sha256"])
+            if {name: i for i, name in enumerate(rows.fieldnames or ())} != col:  # (reads the header)
+                raise BuildError(f"{inspected} changed while it was read")
+            take = [col.get(field, -1) for field in RECORD_FIELDS]  # -1: label_id and split, set below
+            label_id, split_at, size = RECORD_FIELDS.index("label_id"), RECORD_FIELDS.index("split"), \
+                col["encoded_bytes"]
+            for values in rows.reader:
+                verdict = resolver.verdict(values[name], values[sha])
                 if verdict:
-                    rejects.write({"filename": row["filename"], "reason": verdict[0], "detail": verdict[1]})
+                    rejects.write({"filename": values[name], "reason": verdict[0], "detail": verdict[1]})
                     reasons[verdict[0]] += 1
                     continue
-                split = assign_split(row["sha256"], cfg.salt, cfg.splits)
-                labels.write({**row, "label_id": class_ids[row["label"]], "split": split})
+                split = assign_split(values[sha], cfg.salt, cfg.splits)
+                record = [values[i] if i >= 0 else "" for i in take]
+                record[label_id], record[split_at] = class_ids[values[label]], split
+                labels.write_values(record)
                 per_split[split]["records"] += 1
-                per_split[split]["bytes"] += int(row["encoded_bytes"])
+                per_split[split]["bytes"] += int(values[size])
     summary = {"classes": classes, "previous_version": previous, "source_fingerprint": found["fingerprint"],
                "num_records": labels.count, "num_rejected": rejects.count, "num_skipped": found["skipped"],
                "skipped_by_kind": found.get("skipped_by_kind", {}),
