@@ -3,8 +3,8 @@
 # Extends the official image the way https://airflow.apache.org/docs/docker-stack/build.html
 # describes: copy the requirements file in and pip-install it as the `airflow` user.
 #
-# requirements.txt is the runtime lock only (Airflow, its Amazon and Postgres providers, and the
-# package's own dependencies; no TensorFlow, no SeaweedFS, no test tools), every file
+# requirements.txt is the runtime lock only (Airflow, its Amazon, Postgres and Celery providers,
+# and the package's own dependencies; no TensorFlow, no SeaweedFS, no test tools), every file
 # hash-checked. It pins apache-airflow itself, so pip cannot up- or downgrade it; the base tag must
 # match that pin (tests/test_docker_compose.py checks this). Regenerate it with `make lock`.
 FROM apache/airflow:3.3.2-python3.11

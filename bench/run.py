@@ -417,6 +417,84 @@ def scaling_targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
     return []
 
 
+def dag_on_stack(images: int, work: Path, synthetic: bool) -> dict[str, Any]:
+    """The DAG through a real scheduler (LocalExecutor, parallelism = cores, PostgreSQL) on ``images`` images,
+    local folder to local folder, beside ``image-tfrecords build --workers CORES`` on the same corpus: wall
+    seconds from the trigger to the run's end, its tasks' spans, the largest XCom and the mapped task counts."""
+    from tools import airflow_stack, seaweedfs
+
+    corpus, _ = make_corpus(images, work, synthetic=synthetic)
+    cores = os.cpu_count() or 1
+    base = work / "dag-stack"
+    shutil.rmtree(base, ignore_errors=True)
+    (base / "logs").mkdir(parents=True)
+    cli_out = base / "cli-out"
+    cli = measure([PY, "-m", "image_tfrecords", "build", "--source", str(corpus), "--destination", str(cli_out),
+                   "--dataset", "stack", "--version", "cli", "--workers", str(cores), "--no-progress"], cwd=ROOT)
+    shutil.rmtree(cli_out, ignore_errors=True)
+    server = seaweedfs.start(str(base / "seaweedfs"))
+    try:
+        with airflow_stack.postgres_server() as database:
+            api_port = seaweedfs.free_ports(1)[0]
+            env = airflow_stack.airflow_env(base / "airflow", database, api_port, server, "LocalExecutor",
+                                            parallelism=cores)
+            subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
+            stack = airflow_stack.Stack(env, api_port, base / "logs")
+            stack.start()
+            try:
+                airflow_stack.wait_for(lambda: stack.call("GET", "/dags/image_tfrecords")["is_paused"] is False,
+                                       180, "the DAG to be parsed")
+                conf = {"source": str(corpus), "destination": str(base / "dag-out"), "dataset": "stack",
+                        "version": "dag", "force": True}
+                started = time.perf_counter()
+                run = stack.call("POST", "/dags/image_tfrecords/dagRuns",
+                                 {"dag_run_id": "bench", "logical_date": None, "conf": conf})
+                stack.wait_run(run["dag_run_id"], timeout=3600)
+                seconds = time.perf_counter() - started
+                tis = stack.task_instances(run["dag_run_id"])
+            finally:
+                stack.stop()
+            xcoms = airflow_stack.xcom_sizes(database)
+    finally:
+        seaweedfs.stop(server)
+    spans: dict[str, float] = {}
+    for ti in tis:
+        if ti["start_date"] and ti["end_date"]:
+            spans[ti["task_id"]] = spans.get(ti["task_id"], 0.0) + (
+                datetime.fromisoformat(ti["end_date"]) - datetime.fromisoformat(ti["start_date"])).total_seconds()
+    mapped = {task: sum(1 for ti in tis if ti["task_id"] == task) for task in ("inspect_images", "write_shards")}
+    shutil.rmtree(base, ignore_errors=True)
+    return {"images": images, "cores": cores, "cli_seconds": cli.seconds, "dag_seconds": seconds,
+            "task_seconds": spans, "mapped": mapped, "largest_xcom": max((x[2] for x in xcoms), default=0)}
+
+
+def render_dag_on_stack(report: dict[str, Any]) -> list[str]:
+    ratio = report["dag_seconds"] / report["cli_seconds"]
+    busy = sum(report["task_seconds"].values())
+    lines = [f"## The DAG on a real scheduler: {report['images']} images, {report['cores']} cores", "",
+             "A manual run through the REST API of a stack of this machine's own (PostgreSQL, scheduler, "
+             f"dag-processor, triggerer, api-server; LocalExecutor with parallelism {report['cores']}), local "
+             "folder to local folder, beside `image-tfrecords build --workers "
+             f"{report['cores']}` of the same corpus.", "",
+             "| | seconds |", "|---|---:|",
+             f"| CLI | {report['cli_seconds']:.1f} |",
+             f"| DAG, trigger to end of run | {report['dag_seconds']:.1f} ({ratio:.2f}x the CLI) |",
+             f"| DAG, sum of task run times | {busy:.1f} |", "",
+             f"Mapped tasks: {report['mapped']['inspect_images']} `inspect_images`, "
+             f"{report['mapped']['write_shards']} `write_shards`; largest XCom {report['largest_xcom']} bytes. "
+             "Task run times (summed over map indexes): "
+             + ", ".join(f"{k} {v:.1f} s" for k, v in report["task_seconds"].items()) + ".", ""]
+    return lines
+
+
+def dag_targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    ratio = report["dag_seconds"] / report["cli_seconds"]
+    return [(f"DAG (LocalExecutor, {report['images']} images) <= 1.5x the CLI with the same cores",
+             f"{ratio:.2f}x", ratio <= 1.5),
+            ("DAG on the stack: no XCom over 10 KB", f"{report['largest_xcom']} bytes",
+             report["largest_xcom"] <= 10_240)]
+
+
 # -- incremental nights (issue 12) -----------------------------------------------------------------
 NIGHT = {"added": 0.01, "deleted": 0.001, "changed": 0.0005}  # shares of the first version's images
 EXTRA_SEED = 101  # make_corpus seed of the second corpus: the images nights add, and changed images' new bytes
@@ -865,6 +943,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="nights in the chain, at the smallest --incremental size (0 for none; default: 10)")
     parser.add_argument("--scaling", type=int, default=20_000,
                         help="corpus size of the scaling over cores (0 for none; default: 20000)")
+    parser.add_argument("--dag-stack", type=int, default=10_000,
+                        help="images of the DAG run on a real LocalExecutor stack, with --scaling (0 for none)")
     parser.add_argument("--only", choices=("all", "incremental", "scaling"), default="all",
                         help="incremental or scaling: only that section (default --out: WORK/SECTION.md)")
     parser.add_argument("--no-dag", action="store_true", help="skip (e)")
@@ -875,7 +955,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard_size_mb = 100.0
     if args.smoke:  # small shards, so that the few hundred images of a night have shards to reuse
         args.rounds, args.images, args.scale, args.incremental, args.chain = 1, 40, "30,60", "300", 5
-        args.scaling = 200
+        args.scaling, args.dag_stack = 200, 0
         shard_size_mb = 4.0
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -924,6 +1004,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         text += "\n".join(render_scaling(data["scaling"])) + "\n"
         rows += scaling_targets(data["scaling"])
         issues.append("13")
+        if args.dag_stack:
+            print(f"the DAG on a real scheduler: {args.dag_stack} images ...", flush=True)
+            data["dag_stack"] = dag_on_stack(args.dag_stack, work, args.smoke)
+            text += "\n".join(render_dag_on_stack(data["dag_stack"])) + "\n"
+            rows += dag_targets(data["dag_stack"])
     incremental: dict[int, Any] = {}
     sizes = sorted(int(n) for n in args.incremental.split(",") if n.strip()) if args.only != "scaling" else []
     for images in sizes:

@@ -3,7 +3,8 @@ docs/docker-compose.md, and the lock files the image and .venv are built from.
 
 No Docker engine is needed. The compose file is parsed with PyYAML (which resolves the `<<:` merge
 keys the way Compose does) and checked for the contract the DAG and the docs rely on: service set,
-shared Airflow settings, the S3 connection pointing at MinIO, the bucket, the mounts, start-up
+shared Airflow settings, the CeleryExecutor topology (redis broker, result backend in PostgreSQL, a
+scalable `airflow-worker`), the S3 connection pointing at MinIO, the bucket, the mounts, start-up
 order and health checks. When a Compose v2 CLI is available, `docker compose config` validates the
 file against the Compose specification too. The Dockerfile is checked for what it installs: the
 runtime lock (requirements.txt: no TensorFlow, no SeaweedFS, no test tools; hash-checked) and the
@@ -43,10 +44,11 @@ DOCS_HEADING = "Full stack with Docker Compose"
 
 AIRFLOW_HOME = "/opt/airflow"
 # Long-running Airflow components.
-AIRFLOW_COMPONENTS = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
+AIRFLOW_COMPONENTS = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+                      "airflow-worker"}
 # Every service that runs the project's Airflow image.
 IMAGE_SERVICES = AIRFLOW_COMPONENTS | {"airflow-init", "sample-data"}
-EXPECTED_SERVICES = IMAGE_SERVICES | {"postgres", "minio", "minio-create-bucket"}
+EXPECTED_SERVICES = IMAGE_SERVICES | {"postgres", "redis", "minio", "minio-create-bucket"}
 ONE_SHOT_SERVICES = {"airflow-init", "sample-data", "minio-create-bucket"}
 MOUNTED_DIRS = ("dags", "include", "plugins", "data", "logs", "config")
 
@@ -59,7 +61,10 @@ COMPLETED = "service_completed_successfully"
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 # The settings the DAG, the docs and upstream's layout depend on, with their exact values.
 CONTRACT_ENV = {
-    "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+    "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+    # As upstream: the redis service as broker, the metadata database as result backend.
+    "AIRFLOW__CELERY__BROKER_URL": "redis://:@redis:6379/0",
+    "AIRFLOW__CELERY__RESULT_BACKEND": "db+postgresql://airflow:airflow@postgres/airflow",
     "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "true",
     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://airflow-apiserver:8080/execution/",
@@ -200,8 +205,7 @@ def healthcheck_text(service: dict[str, Any]) -> str:
 
 def test_service_set(services: Services) -> None:
     assert set(services) == EXPECTED_SERVICES
-    for celery_only in ("redis", "airflow-worker", "flower"):
-        assert celery_only not in services, "the stack runs the LocalExecutor (see docs/docker-compose.md)"
+    assert "flower" not in services and "airflow-flower" not in services, "no Flower: the UI shows the tasks"
 
 
 def test_airflow_services_use_the_common_block(services: Services, common: dict[str, Any], env: Env) -> None:
@@ -330,6 +334,63 @@ def test_minio_ports_storage_and_images(services: Services, compose: dict[str, A
         assert image.startswith("quay.io/minio/") and ":RELEASE." in image, image
 
 
+# ------------------------------------------------------------------------------------- CeleryExecutor
+
+CELERY_APP = "airflow.providers.celery.executors.celery_executor.app"
+
+
+def test_celery_broker_is_the_redis_service(services: Services, env: Env) -> None:
+    broker = urlsplit(env["AIRFLOW__CELERY__BROKER_URL"])
+    redis = services["redis"]
+    assert broker.scheme == "redis" and broker.hostname == "redis" and broker.path == "/0"
+    assert broker.port in {int(port) for port in redis["expose"]}, "the broker URL's port is the one redis exposes"
+    assert "ports" not in redis, "the broker is for the stack only: no published port"
+    # Upstream's image: 7.2, the last BSD-licensed release; a pinned tag, never `latest`.
+    assert redis["image"] == "redis:7.2-bookworm"
+    assert healthcheck_text(redis) == "CMD redis-cli ping"
+    assert "volumes" not in redis, "the broker keeps nothing the stack needs across restarts"
+
+
+def test_celery_result_backend_is_the_metadata_database(env: Env) -> None:
+    backend, database = env["AIRFLOW__CELERY__RESULT_BACKEND"], env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert backend.startswith("db+postgresql://"), "Celery's database backend (db+ and an SQLAlchemy URL)"
+    result, metadata = urlsplit(backend.removeprefix("db+")), urlsplit(database)
+    assert (result.hostname, result.port, result.username, result.password, result.path) == (
+        metadata.hostname, metadata.port, metadata.username, metadata.password, metadata.path)
+
+
+def test_worker_runs_celery_and_scales(services: Services, env: Env) -> None:
+    worker = services["airflow-worker"]
+    assert worker["command"] == "celery worker"
+    # `docker compose up --scale airflow-worker=3`: nothing two replicas could clash on.
+    for fixed in ("container_name", "hostname", "ports"):
+        assert fixed not in worker, f"airflow-worker sets {fixed}: its replicas would clash"
+    assert not [name for name, service in services.items() if "container_name" in service], "no container_name"
+    # Celery names each replica celery@<container id>, which the health check pings.
+    test = worker["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL" and len(test) == 2, test
+    assert test[1] == f'celery --app {CELERY_APP} inspect ping -d "celery@$${{HOSTNAME}}"'
+    assert worker["restart"] == "always"
+    # The image's dumb-init passes SIGTERM to the worker alone, which then shuts down warm.
+    assert env_of(worker)["DUMB_INIT_SETSID"] == "0"
+    assert set(env_of(worker)) - set(env) == {"DUMB_INIT_SETSID"}
+
+
+def test_celery_provider_is_in_the_image(env: Env) -> None:
+    """The image's lock has the provider (and celery's redis client), and the app the worker's health
+    check names is importable from it."""
+    lock = locked(REQUIREMENTS)
+    for name in ("apache-airflow-providers-celery", "celery", "kombu", "redis"):
+        assert name in lock, f"requirements.txt lacks {name}: the CeleryExecutor needs it"
+    pytest.importorskip("airflow.providers.celery", reason="apache-airflow-providers-celery not installed")
+    from importlib import import_module
+
+    module, _, attribute = CELERY_APP.rpartition(".")
+    app = getattr(import_module(module), attribute)
+    assert app.main, "not a Celery app"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+
+
 # ------------------------------------------------------------------------------------- data and mounts
 
 
@@ -380,16 +441,20 @@ def test_postgres_uses_a_named_volume(services: Services, compose: dict[str, Any
 
 def test_depends_on_conditions(services: Services) -> None:
     for name in AIRFLOW_COMPONENTS:
-        assert depends_on(services[name]) == {
+        expected = {
+            "redis": HEALTHY,
             "postgres": HEALTHY,
             "minio-create-bucket": COMPLETED,
             "sample-data": COMPLETED,
             "airflow-init": COMPLETED,
-        }, name
+        }
+        if name == "airflow-worker":  # its task processes talk to the execution API (as upstream)
+            expected["airflow-apiserver"] = HEALTHY
+        assert depends_on(services[name]) == expected, name
     assert depends_on(services["sample-data"]) == {"airflow-init": COMPLETED}
     assert depends_on(services["airflow-init"]) == {"postgres": HEALTHY}
     assert depends_on(services["minio-create-bucket"]) == {"minio": HEALTHY}
-    assert depends_on(services["postgres"]) == depends_on(services["minio"]) == {}
+    assert depends_on(services["postgres"]) == depends_on(services["minio"]) == depends_on(services["redis"]) == {}
 
 
 def test_dependency_graph_is_consistent(services: Services) -> None:
@@ -432,6 +497,8 @@ def test_long_running_services_have_healthchecks(services: Services) -> None:
     assert "http://localhost:8974/health" in healthcheck_text(services["airflow-scheduler"])
     assert "DagProcessorJob" in healthcheck_text(services["airflow-dag-processor"])
     assert "TriggererJob" in healthcheck_text(services["airflow-triggerer"])
+    assert healthcheck_text(services["redis"]) == "CMD redis-cli ping"
+    assert "inspect ping" in healthcheck_text(services["airflow-worker"])
 
 
 def test_airflow_component_commands_and_ports(services: Services) -> None:
@@ -441,6 +508,7 @@ def test_airflow_component_commands_and_ports(services: Services) -> None:
         "airflow-scheduler": "scheduler",
         "airflow-dag-processor": "dag-processor",
         "airflow-triggerer": "triggerer",
+        "airflow-worker": "celery worker",
     }
     assert published(services["airflow-apiserver"]) == {8080: 8080}
     for name in set(services) - {"airflow-apiserver", "minio"}:

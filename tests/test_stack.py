@@ -8,138 +8,20 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from image_tfrecords.storage import Storage
+from tests import stack_support
+from tests.stack_support import AIRFLOW, Stack, _wait, airflow_env
 from tests.tf_reader import read_version
 from tools import seaweedfs
 
-ROOT = Path(__file__).resolve().parent.parent
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def _ensure_postgres() -> None:
-    if (PG_BIN / "postgres").exists():
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True, timeout=600)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql-15"], check=True,
-                   env=env, capture_output=True, timeout=900)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[str]:
-    """A PostgreSQL server of its own on 127.0.0.1 (Debian's package); yields a SQLAlchemy URL."""
-    _ensure_postgres()
-    base = Path(tempfile.mkdtemp(prefix="image-tfrecords-pg-"))
-    user = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
-    if user:
-        shutil.chown(base, "postgres", "postgres")
-    data, port = base / "data", seaweedfs.free_ports(1)[0]
-    subprocess.run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "airflow", "-A", "trust", "-E", "UTF8",
-                    "--no-sync"], check=True, capture_output=True, timeout=120, **user)
-    with open(base / "postgres.log", "wb") as log:
-        server = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(data), "-p", str(port), "-k", str(base),
-                                   "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **user)
-    try:
-        _wait(lambda: subprocess.run([str(PG_BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                                     capture_output=True).returncode == 0, 60, "PostgreSQL")
-        subprocess.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "airflow", "airflow"],
-                       check=True, capture_output=True, timeout=60)
-        yield f"postgresql+psycopg2://airflow@127.0.0.1:{port}/airflow"
-    finally:
-        server.send_signal(signal.SIGINT)  # fast shutdown
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _wait(predicate, timeout: float, what: str, interval: float = 0.5) -> Any:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            result = predicate()
-        except OSError:
-            result = None
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-class Stack:
-    """Airflow components as processes of their own, stopped by PID (process group)."""
-
-    def __init__(self, env: dict[str, str], api_port: int, logs: Path) -> None:
-        self.env, self.api, self.logs = env, f"http://127.0.0.1:{api_port}", logs
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.token = ""
-
-    def start(self) -> None:
-        for command in (["scheduler"], ["dag-processor"], ["triggerer"],
-                        ["api-server", "--host", "127.0.0.1", "--port", self.api.rsplit(":", 1)[1]]):
-            with open(self.logs / f"{command[0]}.log", "wb") as log:
-                self.processes.append(subprocess.Popen([AIRFLOW, *command], env=self.env, stdout=log,
-                                                       stderr=subprocess.STDOUT, start_new_session=True))
-        _wait(lambda: urllib.request.urlopen(f"{self.api}/api/v2/monitor/health", timeout=5).status == 200, 180,
-              "the api-server")
-        with urllib.request.urlopen(f"{self.api}/auth/token", timeout=10) as response:  # all-admins mode
-            self.token = json.loads(response.read())["access_token"]
-
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        request = urllib.request.Request(f"{self.api}/api/v2{path}", method=method,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Authorization": f"Bearer {self.token}",
-                                                  "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"null")
-
-    def wait_run(self, run_id: str, timeout: float = 300) -> dict:
-        quoted = urllib.request.quote(run_id, safe="")
-
-        def finished() -> dict | None:
-            run = self.call("GET", f"/dags/image_tfrecords/dagRuns/{quoted}")
-            return run if run["state"] in ("success", "failed") else None
-
-        run = _wait(finished, timeout, f"run {run_id}", interval=2)
-        assert run["state"] == "success", self.diagnose(run_id)
-        return run
-
-    def task_instances(self, run_id: str) -> list[dict]:
-        quoted = urllib.request.quote(run_id, safe="")
-        return self.call("GET", f"/dags/image_tfrecords/dagRuns/{quoted}/taskInstances?limit=1000")["task_instances"]
-
-    def diagnose(self, run_id: str) -> str:
-        states = [(t["task_id"], t["map_index"], t["state"]) for t in self.task_instances(run_id)]
-        tails = {p.name: p.read_text(errors="replace")[-1500:] for p in self.logs.glob("*.log")}
-        return json.dumps({"task_states": states, "logs": tails}, indent=1)[-8000:]
+postgres = stack_support.postgres  # the fixture (PostgreSQL of this module's own)
 
 
 def _images(sample_dir: Path, target: Path, names: list[Path], mtime: datetime) -> None:
@@ -170,15 +52,7 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
     home = tmp_path / "airflow"
     (home / "logs").mkdir(parents=True)
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "AWS_"))},
-        "AIRFLOW_HOME": str(home), "PYTHONPATH": str(ROOT),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "false", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres,
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True", "AIRFLOW__API_AUTH__JWT_SECRET": "stack-test",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False", "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW_CONN_AWS_DEFAULT": s3_server.airflow_connection(),
+        **airflow_env(home, postgres, api_port, s3_server, "LocalExecutor"),
         "IMAGE_TFRECORDS_SOURCE": str(source), "IMAGE_TFRECORDS_DESTINATION": f"s3://{bucket}/datasets",
         "IMAGE_TFRECORDS_DATASET": "nightly", "IMAGE_TFRECORDS_RETRY_DELAY_SECONDS": "5",
         "IMAGE_TFRECORDS_POOL": "image_tfrecords",
@@ -219,6 +93,18 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
         assert overlaps > 0, f"shard tasks ran one after another: {spans}"
         assert {t["rendered_map_index"] for t in writers} == {
             s["file"] for split in manifest["splits"].values() for s in split["shards"]}
+        inspectors = [t for t in stack.task_instances(run["dag_run_id"]) if t["task_id"] == "inspect_images"]
+        assert [t["rendered_map_index"] for t in inspectors] == [f"chunk 1/1 ({len(images)} files, 0 MB)"]
+        # The library's progress and summary lines reach the task logs.
+        run_logs = home / "logs" / "dag_id=image_tfrecords" / f"run_id={run['dag_run_id']}"
+
+        def task_log(task_id: str) -> str:
+            return "".join(p.read_text() for p in sorted(run_logs.glob(f"task_id={task_id}/**/*.log")))
+
+        assert f"inspect chunk 1/1: {len(images)} images to do" in task_log("inspect_images")
+        assert re.search(rf"inspect chunk 1/1: {len(images)} images in [0-9.]+ s", task_log("inspect_images"))
+        assert re.search(r"write \S+-of-\d+\.tfrecord: \d+ records in [0-9.]+ s", task_log("write_shards"))
+        assert re.search(r"split: done in [0-9.]+ s \(num_records=", task_log("split"))
 
         # 2. A backfill over three past nights: each run sees the source as of its logical date.
         subprocess.run([AIRFLOW, "backfill", "create", "--dag-id", "image_tfrecords", "--from-date",

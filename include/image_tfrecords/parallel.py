@@ -62,34 +62,30 @@ def batched_map(fn: Callable[[T], R], items: Iterable[T], executor: Executor, wo
         yield from pending.popleft().result()
 
 
-def _worker_init(parent: int | None) -> None:
-    """In each worker: die with the parent (even on SIGKILL), leave Ctrl-C to the parent, die on SIGTERM.
-
-    ``parent`` None: the worker's parent is a fork server (itself ended when the pool's owner ends)."""
+def _worker_init(parent: int) -> None:
+    """In each worker: die with the parent (even on SIGKILL), leave Ctrl-C to the parent, die on SIGTERM."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with contextlib.suppress(Exception):  # Linux only
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
+    if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
 
 @contextlib.contextmanager
-def process_pool(workers: int, start_method: str | None = None) -> Iterator[Executor | None]:
-    """A process pool of ``workers`` (None for one: run inline) whose processes never outlive their parent.
+def process_pool(workers: int) -> Iterator[Executor | None]:
+    """A pool of ``workers`` forked processes (None for one: run inline) that never outlive their parent.
 
-    ``start_method`` "forkserver" (what tasks use: an Airflow task process may run threads, which
-    ``fork`` must not copy mid-lock) or None for the platform default.
+    Forked, not ``forkserver`` or ``spawn``: those re-run the parent's main script in each worker,
+    which for an Airflow task is the ``airflow`` command itself.
     """
     if workers <= 1:
         yield None
         return
-    context = multiprocessing.get_context(start_method) if start_method else None
-    forked = (start_method or multiprocessing.get_start_method()) == "fork"
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
-                               initargs=(os.getpid() if forked else None,))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
+                               initializer=_worker_init, initargs=(os.getpid(),))
     try:
         yield pool
     except BaseException:
@@ -128,7 +124,11 @@ def task_processes() -> int:
 
 @contextlib.contextmanager
 def task_pool(items: int) -> Iterator[Executor | None]:
-    """The process pool of one DAG task with ``items`` images to handle (None: use threads)."""
+    """The process pool of one DAG task with ``items`` images to handle (None: use threads).
+
+    Its workers are forked from the task's process (Airflow 3 runs each task in a process of its
+    own, which the workers die with); they take a pickled ``Storage``, which makes its own S3 client.
+    """
     workers = task_processes() if items >= MIN_ITEMS_FOR_PROCESSES else 1
-    with process_pool(min(workers, items), "forkserver") as pool:
+    with process_pool(min(workers, items)) as pool:
         yield pool

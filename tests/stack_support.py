@@ -1,0 +1,29 @@
+"""What the stack tests (tests/test_stack.py, tests/test_stack_celery.py) share: a PostgreSQL server of
+their own (a fixture over ``tools.airflow_stack``, which ``make bench`` uses too), bounded waiting, the
+Airflow environment, and the Airflow components as processes stopped by PID, driven through the REST API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tools.airflow_stack import (  # noqa: F401 - re-exported for the stack tests
+    AIRFLOW,
+    PG_BIN,
+    ROOT,
+    Stack,
+    airflow_env,
+    ensure_debian_package,
+    postgres_server,
+    wait_for,
+)
+
+_wait = wait_for
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server of its own on 127.0.0.1 (Debian's package); yields a SQLAlchemy URL."""
+    with postgres_server() as url:
+        yield url
