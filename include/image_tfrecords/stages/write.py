@@ -38,7 +38,8 @@ def write_task(cfg: BuildConfig, storage: Storage, task_index: int) -> list[dict
     made on a process pool of this machine's cores (``parallel.task_pool``; threads for a few records);
     progress goes to the log. Returns the shards' small results."""
     plan = read_json(storage, staged(cfg, PLAN))
-    with task_pool(plan["task_records"][task_index]) as pool:
+    records = plan.get("task_records") or [0] * len(plan["tasks"])  # a plan staged by 0.3.0 has no counts
+    with task_pool(records[task_index]) as pool:
         return [write_and_check(cfg, storage, shard, None, max(4, task_processes()), pool)
                 for shard in plan["tasks"][task_index]]
 
