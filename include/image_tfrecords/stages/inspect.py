@@ -23,6 +23,7 @@ import heapq
 import itertools
 import math
 import tempfile
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack
@@ -156,25 +157,30 @@ def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], wo
         if progress is None:
             progress = stack.enter_context(ProgressLog(what, sum(counts)))
         inspect = partial(inspect_one, storage, cfg)
-        rows = _todo_rows(cfg, storage, chunks)
-        fresh = batched_map(inspect, rows, processes, workers) if processes else ordered_map(inspect, rows, workers)
+        in_flight: deque[dict[str, str]] = deque()  # the rows handed out and not yet written (a bounded window)
+
+        def rows() -> Iterator[dict[str, str]]:
+            for chunk in chunks:
+                with read_rows(storage, staged(cfg, _todo(chunk))) as todo:
+                    for row in todo:
+                        in_flight.append(row)
+                        yield row
+
+        fresh = batched_map(inspect, rows(), processes, workers) if processes else \
+            ordered_map(inspect, rows(), workers)
         read = rejected = 0
         for chunk, count in zip(chunks, counts, strict=True):
-            with read_rows(storage, staged(cfg, _todo(chunk))) as todo, \
-                    RowWriter(storage, staged(cfg, _done(chunk)), DONE_FIELDS) as done:
-                for row, result in zip(todo, itertools.islice(fresh, count), strict=True):
+            with RowWriter(storage, staged(cfg, _done(chunk)), DONE_FIELDS) as done:
+                for result in itertools.islice(fresh, count):
+                    row = in_flight.popleft()  # results come in the order rows went out
                     done.write({**result, "number": row["number"], "label": row["label"],
                                 "num_bytes": row["num_bytes"], "stamp": row["stamp"]})
                     rejected += "reason" in result
                     progress(1)
+                if done.count != count:
+                    raise BuildError(f"inspection chunk {chunk + 1} lists {done.count} files, its plan {count}")
             read += count
     return {"chunks": len(chunks), "files_read": read, "rejected": rejected}
-
-
-def _todo_rows(cfg: BuildConfig, storage: Storage, chunks: Iterable[int]) -> Iterator[dict[str, str]]:
-    for chunk in chunks:
-        with read_rows(storage, staged(cfg, _todo(chunk))) as rows:
-            yield from rows
 
 
 def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, Any]:
@@ -199,14 +205,18 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     if missing:
         raise BuildError(f"inspection chunk(s) {', '.join(str(c + 1) for c in missing[:10])} of "
                          f"{len(plan['chunks'])} were not inspected")
+
+    def fresh() -> Iterator[dict[str, str]]:  # the chunks' rows, one file open at a time
+        for chunk in range(len(plan["chunks"])):
+            with read_rows(storage, staged(cfg, _done(chunk))) as rows:
+                yield from rows
+
     with ExitStack() as stack:
         carried = stack.enter_context(read_rows(storage, staged(cfg, CARRIED)))
-        fresh = (row for c in range(len(plan["chunks"]))
-                 for row in stack.enter_context(read_rows(storage, staged(cfg, _done(c)))))
         good = stack.enter_context(RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS))
         rejects = stack.enter_context(RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS))
         inspection = stack.enter_context(RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS))
-        for _, row in heapq.merge(_numbered(carried), _numbered(fresh), key=lambda item: item[0]):
+        for _, row in heapq.merge(_numbered(carried), _numbered(fresh()), key=lambda item: item[0]):
             (rejects if row["reason"] else good).write(row)
             inspection.write(row)
     summary = {"inspected": good.count, "rejected": rejects.count, "files_read": plan["files_to_read"],
