@@ -271,8 +271,9 @@ def image_tfrecords() -> None:
         """Hash and fully decode the images of one chunk of the listing."""
         from image_tfrecords import stages
 
-        get_current_context()["chunk_label"] = _run(stages.chunk_label, chunk=chunk)
-        return _run(stages.inspect_chunk, chunk=chunk)
+        result = _run(stages.inspect_chunk, chunk=chunk)
+        get_current_context()["chunk_label"] = result["label"]
+        return result
 
     @task
     def split(inspected: list[dict[str, Any]]) -> dict[str, Any]:

@@ -140,7 +140,10 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
 
 def chunk_label(cfg: BuildConfig, storage: Storage, chunk: int) -> str:
     """How a chunk's task is named in the UI: ``chunk 3/12 (2000 files, 95 MB)``."""
-    chunks = read_json(storage, staged(cfg, CHUNKS))["chunks"]
+    return _label(read_json(storage, staged(cfg, CHUNKS))["chunks"], chunk)
+
+
+def _label(chunks: list[dict[str, int]], chunk: int) -> str:
     facts = chunks[chunk]
     return f"chunk {chunk + 1}/{len(chunks)} ({facts['files']} files, {facts['bytes'] / MB:.0f} MB)"
 
@@ -185,10 +188,12 @@ def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], wo
 
 def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, Any]:
     """Inspect one chunk: the DAG's mapped task. Its images are spread over a process pool of this
-    machine's cores (``parallel.task_pool``; threads for a small chunk); progress goes to the log."""
-    files = read_json(storage, staged(cfg, CHUNKS))["chunks"][chunk]["files"]
-    with task_pool(files) as pool:
-        return inspect_chunks(cfg, storage, [chunk], max(4, task_processes()), pool)
+    machine's cores (``parallel.task_pool``; threads for a small chunk); progress goes to the log.
+    The result's ``label`` names the chunk (``chunk_label``), for the task's name in the UI."""
+    chunks = read_json(storage, staged(cfg, CHUNKS))["chunks"]
+    with task_pool(chunks[chunk]["files"]) as pool:
+        return {**inspect_chunks(cfg, storage, [chunk], max(4, task_processes()), pool),
+                "label": _label(chunks, chunk)}
 
 
 def _numbered(rows: Iterable[dict[str, str]]) -> Iterator[tuple[int, dict[str, str]]]:
