@@ -66,6 +66,7 @@ import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, task, teardown
 
 from image_tfrecords import config, layout  # names and defaults only: no stage, TensorFlow, Pillow or boto3
+from image_tfrecords.imaging import ENCODINGS, FITS
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,9 @@ PUBLISHED_DATASET = Asset(name="image_tfrecords", group="ml-datasets")
 POOL = os.environ.get("IMAGE_TFRECORDS_POOL", "default_pool")
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
 STAGING_GRACE_HOURS = float(os.environ.get("IMAGE_TFRECORDS_STAGING_GRACE_HOURS", "24"))
+
+IMAGES = "Images and features"  # the trigger form's section of the image options
+IMAGE_PARAMS = ("resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator")
 
 PARAMS = {
     "source": Param(DEFAULT_SOURCE, type="string", minLength=1, section="Input", title="Source",
@@ -125,6 +129,31 @@ PARAMS = {
     "chunk_mb": Param(config.DEFAULT_CHUNK_MB, type="number", exclusiveMinimum=0, maximum=1_000_000,
                       section="Build", title="MB per inspection task",
                       description="... or at most this many MB of source files."),
+    "resize": Param("none", type="string", pattern=r"^(none|(longest|shortest):[0-9]+|[0-9]+x[0-9]+)$",
+                    section=IMAGES, title="Resize",
+                    description="none (default), longest:N, shortest:N or WxH (e.g. 224x224). Lanczos filter; "
+                                "images are never enlarged unless Upscale is on."),
+    "fit": Param("crop", type="string", enum=list(FITS), section=IMAGES, title="Fit (for WxH)",
+                 description="crop: cover WxH and cut the centre; pad: fit inside and pad with black; "
+                             "stretch: ignore the aspect ratio."),
+    "upscale": Param(False, type="boolean", section=IMAGES, title="Upscale",
+                     description="Let Resize enlarge images smaller than the target."),
+    "encoding": Param("original", type="string", enum=list(ENCODINGS), section=IMAGES, title="Encoding",
+                      description="original: the file byte for byte unless resized or converted; jpeg: every "
+                                  "image re-encoded at the JPEG quality; png: lossless; raw: decoded uint8 pixels "
+                                  "(image/raw with image/shape), so training skips decoding."),
+    "jpeg_quality": Param(95, type="integer", minimum=1, maximum=100, section=IMAGES, title="JPEG quality",
+                          description="Quality of re-encoded JPEGs (1-100)."),
+    "channels": Param(0, type="integer", enum=[0, 1, 3, 4], section=IMAGES, title="Channels",
+                      description="0: as decoded (raw: 3); 1: grey; 3: RGB; 4: RGBA (not with jpeg)."),
+    "columns": Param({}, type="object", section=IMAGES, title="Metadata columns",
+                     description='labels.csv columns stored as features, name -> type, e.g. {"caption": '
+                                 '"string", "weight": "float", "tags": "string_list"}; types: string, int64, '
+                                 'float, string_list, int64_list, float_list. A bad value rejects its image.'),
+    "label_separator": Param("|", type="string", minLength=1, maxLength=1, section=IMAGES,
+                             title="Label separator",
+                             description="Separates the classes of a labels.csv 'labels' column (several "
+                                         "classes per image) and the items of list columns."),
     "version": Param(None, type=["null", "string"], section="Output", title="Version (optional)",
                      description="Override the version name; empty means the run's logical date."),
 }
@@ -190,7 +219,8 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
                           max_pixels=params.get("max_pixels", config.MAX_PIXELS),
                           full=bool(params.get("full_rebuild", False)),
                           chunk_files=params.get("chunk_files", config.DEFAULT_CHUNK_FILES),
-                          chunk_mb=params.get("chunk_mb", config.DEFAULT_CHUNK_MB))
+                          chunk_mb=params.get("chunk_mb", config.DEFAULT_CHUNK_MB),
+                          **{name: params[name] for name in IMAGE_PARAMS if name in params})
         storage = airflow_storage()
         if stage is stages.discover_stage:
             check_locations(cfg)

@@ -120,7 +120,9 @@ def test_to_dict_round_trips() -> None:
                              "version": "v1", "splits": {"a": 0.25, "b": 0.75}, "salt": "pepper",
                              "shard_size_mb": 0.5, "compression": "gzip", "max_reject_fraction": 0.5,
                              "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485, "full": False,
-                             "chunk_files": 2000, "chunk_mb": 1000.0}
+                             "chunk_files": 2000, "chunk_mb": 1000.0, "resize": "none", "fit": "crop",
+                             "upscale": False, "encoding": "original", "jpeg_quality": 95, "channels": 0,
+                             "columns": {}, "label_separator": "|"}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 

@@ -40,7 +40,9 @@ from .config import (
     parse_splits,
 )
 from .errors import BuildError, ImageTfrecordsError, LockHeld
+from .imaging import ENCODINGS, FITS
 from .locking import LeaseKeeper
+from .metadata import DEFAULT_SEPARATOR, parse_columns
 from .parallel import process_pool
 from .preflight import check_locations, check_temp_dir, os_error_line
 from .probe import MAX_PIXELS
@@ -106,6 +108,27 @@ def _parser() -> argparse.ArgumentParser:
                        help="rebuild in full: reuse nothing of the previous version (inspections, shards); "
                             "builds even when nothing changed")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
+    images = build.add_argument_group("images and features", "what each record stores (default: the image file "
+                                      "as it is, one class)")
+    images.add_argument("--resize", default="none",
+                        help="none (default), longest:N, shortest:N or WxH (e.g. 224x224); Lanczos, never enlarges "
+                             "unless --upscale")
+    images.add_argument("--fit", choices=FITS, default="crop",
+                        help="how WxH is reached: crop (cover, cut the centre; default), pad (fit, pad with black) "
+                             "or stretch")
+    images.add_argument("--upscale", action="store_true", help="let --resize enlarge smaller images")
+    images.add_argument("--encoding", choices=ENCODINGS, default="original",
+                        help="original (default: byte for byte unless changed), jpeg, png, or raw (decoded uint8 "
+                             "pixels in image/raw with image/shape)")
+    images.add_argument("--jpeg-quality", type=int, default=95, help="JPEG quality 1-100 (default: 95)")
+    images.add_argument("--channels", type=int, default=0,
+                        help="0 (as decoded; raw: 3), 1 (grey), 3 (RGB) or 4 (RGBA)")
+    images.add_argument("--columns", default="",
+                        help="labels.csv columns to store as features, NAME=TYPE,... (types: string, int64, float, "
+                             "string_list, int64_list, float_list) or a JSON object")
+    images.add_argument("--label-separator", default=DEFAULT_SEPARATOR,
+                        help="separates the classes of a labels.csv 'labels' column and the items of list columns "
+                             "(default: |)")
     clean = commands.add_parser("clean", help="remove the staging files of builds that never published")
     clean.add_argument("--destination", required=True, help="local folder or s3://bucket/prefix")
     clean.add_argument("--dataset", required=True, help="dataset name (a folder under the destination)")
@@ -286,7 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                           salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression,
                           max_reject_fraction=args.max_reject_fraction, as_of=args.as_of,
                           max_file_mb=args.max_file_mb, max_pixels=args.max_pixels, full=args.full,
-                          chunk_files=args.chunk_files, chunk_mb=args.chunk_mb)
+                          chunk_files=args.chunk_files, chunk_mb=args.chunk_mb, resize=args.resize,
+                          fit=args.fit, upscale=args.upscale, encoding=args.encoding,
+                          jpeg_quality=args.jpeg_quality, channels=args.channels,
+                          columns=parse_columns(args.columns), label_separator=args.label_separator)
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         started = time.perf_counter()

@@ -9,7 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from .errors import ConfigError
+from .imaging import ImageOptions, Resize, check_options, parse_resize
 from .layout import STAGING, is_name
+from .metadata import DEFAULT_SEPARATOR, check_columns, check_separator
 from .probe import MAX_PIXELS
 from .storage import is_s3, join
 from .tfrecord import COMPRESSIONS
@@ -98,8 +100,23 @@ class BuildConfig:
     # how inspection is cut into chunks (one mapped task each in the DAG); never changes the output
     chunk_files: int = DEFAULT_CHUNK_FILES
     chunk_mb: float = DEFAULT_CHUNK_MB
+    # image options (see ``imaging``): what each record stores
+    resize: str = "none"  # none | longest:N | shortest:N | WxH
+    fit: str = "crop"  # with WxH: crop | pad | stretch
+    upscale: bool = False
+    encoding: str = "original"  # original | jpeg | png | raw
+    jpeg_quality: int = 95
+    channels: int = 0  # 0: as decoded (raw: 3) | 1 | 3 | 4
+    # labels.csv columns stored as features (name -> type, see ``metadata``), and the separator of a
+    # multi-label ``labels`` column and of list columns
+    columns: dict[str, str] = field(default_factory=dict)
+    label_separator: str = DEFAULT_SEPARATOR
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "resize", str(parse_resize(self.resize)))
+        check_options(self.image_options)
+        object.__setattr__(self, "columns", check_columns(self.columns))
+        check_separator(self.label_separator)
         object.__setattr__(self, "splits", check_splits(self.splits))
         for what in ("source", "destination"):
             check_location(what, getattr(self, what))
@@ -137,6 +154,11 @@ class BuildConfig:
         if isinstance(self.chunk_mb, bool) or not isinstance(self.chunk_mb, int | float) \
                 or not 0 < self.chunk_mb <= 1_000_000:
             raise ConfigError(f"chunk_mb must be a number in (0, 1000000], not {self.chunk_mb!r}")
+
+    @property
+    def image_options(self) -> ImageOptions:
+        resize = parse_resize(self.resize) if isinstance(self.resize, str) else Resize()
+        return ImageOptions(resize, self.fit, self.upscale, self.encoding, self.jpeg_quality, self.channels)
 
     @property
     def cutoff(self) -> datetime | None:

@@ -25,6 +25,7 @@ from typing import Any
 from .documents import read_rows
 from .errors import BuildError
 from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
+from .metadata import DEFAULT_SEPARATOR, BadValue, label_set, normal_value
 from .storage import FileInfo, Storage, StorageError, is_s3, join
 
 LABELS_FILE = "labels.csv"
@@ -43,11 +44,13 @@ class Candidate:
     reason: str = ""
     detail: str = ""
     stamp: str = ""  # the listing's modification stamp (FileInfo.stamp): inspection reuse compares it
+    values: tuple[str, ...] = ()  # labels.csv: the declared metadata columns' values, in normal form
 
 
 @dataclass
 class DiscoveryCounts:
     layout: str = "folders"
+    multi_label: bool = False  # labels.csv with a ``labels`` column: several classes per image
     listed: int = 0
     skipped: int = 0
     after_cutoff: int = 0
@@ -77,18 +80,24 @@ def looks_like_image(filename: str) -> bool:
 
 
 def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None,
-             cutoff: datetime | None = None) -> Iterator[Candidate]:
+             cutoff: datetime | None = None, columns: dict[str, str] | None = None,
+             separator: str = DEFAULT_SEPARATOR) -> Iterator[Candidate]:
     """Yield every candidate under ``source`` in a stable order; fill ``counts`` as it goes.
 
     With a ``cutoff``, files modified after it are ignored (counted in ``after_cutoff``): the source
-    as it was at that time, for scheduled runs and backfills.
+    as it was at that time, for scheduled runs and backfills. ``columns``: labels.csv columns to keep
+    as features (``metadata``), checked per row; a ``labels`` column makes the rows multi-label (class
+    names split on ``separator``, the candidate's label is the sorted set joined by it).
     """
     counts = counts if counts is not None else DiscoveryCounts()
     labels_uri = join(source, LABELS_FILE)
     if _has_labels_file(storage, source, labels_uri):
         counts.layout = "labels.csv"
-        yield from _from_labels_file(storage, source, labels_uri, counts, cutoff)
+        yield from _from_labels_file(storage, source, labels_uri, counts, cutoff, columns or {}, separator)
     else:
+        if columns:
+            raise BuildError(f"columns {', '.join(columns)} are read from a labels.csv, and {source} has none "
+                             "(it is read as one folder per class)")
         yield from _from_folders(storage, source, counts, cutoff)
 
 
@@ -165,8 +174,19 @@ def _safe_relative(filename: str) -> str | None:
     return normal
 
 
+def _metadata(row: dict[str, str], columns: dict[str, str], separator: str) -> tuple[tuple[str, ...], str]:
+    """The row's metadata values in normal form, and why not (``""`` when they are all good)."""
+    values = []
+    for name, kind in columns.items():
+        try:
+            values.append(normal_value(kind, row.get(name), separator))
+        except BadValue as exc:
+            return (), f"{name}: {exc}"
+    return tuple(values), ""
+
+
 def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: DiscoveryCounts,
-                      cutoff: datetime | None) -> Iterator[Candidate]:
+                      cutoff: datetime | None, columns: dict[str, str], separator: str) -> Iterator[Candidate]:
     sizes, stamps = {}, {}
     for info in _entries(storage, source, counts, cutoff):
         if isinstance(info, Candidate):
@@ -179,14 +199,26 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
             header = reader.fieldnames
         except csv.Error as exc:
             raise BuildError(f"{labels_uri} has no readable header: {exc}") from None
-        if not header or not {"filename", "label"} <= set(header):
-            found = ",".join(header or []) or "nothing"
-            raise BuildError(f"{labels_uri} must have a header with columns filename,label (found: {found})")
+        found = ",".join(header or []) or "nothing"
+        if not header or "filename" not in header or not {"label", "labels"} & set(header):
+            raise BuildError(f"{labels_uri} must have a header with columns filename,label (found: {found}); a "
+                             "labels column in place of label gives several classes per image")
+        if {"label", "labels"} <= set(header):
+            raise BuildError(f"{labels_uri} has both a label and a labels column: keep label (one class per image) "
+                             "or labels (several)")
+        if missing := [name for name in columns if name not in header]:
+            raise BuildError(f"{labels_uri} has no column {', '.join(missing)}, which columns declares "
+                             f"(found: {found})")
+        counts.multi_label = "labels" in header
         for row in _parsed_rows(reader):
             if isinstance(row, Candidate):
                 yield row
                 continue
-            raw, label = (row.get("filename") or ""), (row.get("label") or "").strip()
+            raw = row.get("filename") or ""
+            if counts.multi_label:
+                label = separator.join(label_set(row.get("labels"), separator))
+            else:
+                label = (row.get("label") or "").strip()
             filename = _safe_relative(raw)
             if filename is None:
                 yield Candidate(raw, reason="bad_path", detail="path is empty, absolute or outside the source")
@@ -196,10 +228,14 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
                 yield Candidate(filename, reason="missing_file", detail=f"listed in {LABELS_FILE} but not found")
             else:
                 seen.add(filename)
-                if label:
-                    yield Candidate(filename, label=label, num_bytes=sizes[filename], stamp=stamps[filename])
-                else:
+                values, why = _metadata(row, columns, separator)
+                if not label:
                     yield Candidate(filename, num_bytes=sizes[filename], reason="no_label", detail="empty label")
+                elif why:
+                    yield Candidate(filename, num_bytes=sizes[filename], reason="bad_metadata", detail=why)
+                else:
+                    yield Candidate(filename, label=label, num_bytes=sizes[filename], stamp=stamps[filename],
+                                    values=values)
     for filename, size in sizes.items():
         if filename == LABELS_FILE or filename in seen:
             continue

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 import struct
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-FeatureValue = bytes | str | int | float | Sequence[bytes] | Sequence[int] | Sequence[float]
+FeatureValue = bytes | str | int | float | Sequence[bytes] | Sequence[int] | Sequence[float] | array
 
 
 _INT64 = range(-(1 << 63), 1 << 63)
@@ -50,17 +51,25 @@ def _feature(value: FeatureValue) -> bytes:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
         number = _varint(value)
         return b"\x1a" + _varint(len(number) + 2) + b"\x0a" + _varint(len(number)) + number
+    if isinstance(value, array):  # a typed list, so that an empty one keeps its type
+        if value.typecode in "bBhHiIlLqQ":
+            return _feature_ints(list(value))
+        return _field(2, _field(1, struct.pack(f"<{len(value)}f", *value)) if len(value) else b"")
     values = list(value) if isinstance(value, list | tuple) else [value]
     if all(isinstance(v, bytes | str) for v in values):
         items = b"".join(_field(1, v.encode() if isinstance(v, str) else v) for v in values)
         return _field(1, items)
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        if any(v not in _INT64 for v in values):
-            raise ValueError(f"integer out of int64 range in {value!r}")
-        return _field(3, _field(1, b"".join(_varint(v) for v in values)) if values else b"")
+        return _feature_ints(values)
     if all(isinstance(v, float) for v in values):
         return _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)) if values else b"")
     raise TypeError(f"unsupported feature value {value!r}")
+
+
+def _feature_ints(values: list[int]) -> bytes:
+    if any(v not in _INT64 for v in values):
+        raise ValueError(f"integer out of int64 range in {values!r}")
+    return _field(3, _field(1, b"".join(_varint(v) for v in values)) if values else b"")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -28,7 +28,8 @@ from . import __version__, layout
 from .config import BuildConfig
 from .discovery import DISCOVERED_FIELDS
 from .documents import read_rows
-from .manifest import RECORD_FIELDS, feature_spec
+from .imaging import ImageOptions
+from .manifest import RecordSchema
 from .storage import Storage, join
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
@@ -76,15 +77,18 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
     return ""
 
 
-def why_not_reuse_shards(cfg: BuildConfig, base: Base | None) -> str:
-    """Why the base's shards cannot be taken over (``""`` when they can)."""
+def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSchema) -> str:
+    """Why the base's shards cannot be taken over (``""`` when they can): records of ``schema`` made by
+    ``cfg``'s image options."""
     if base is None:
         return "full rebuild asked for" if cfg.full else "no previous version"
     params = base.manifest.get("params", {})
     if not base.build:
         return f"version {base.version} predates shard reuse (its labels.csv does not name shards)"
-    if base.manifest.get("features") != feature_spec():
+    if base.manifest.get("features") != schema.features():
         return f"version {base.version} has other record features"
+    if base.manifest.get("image", ImageOptions().describe()) != cfg.image_options.describe():
+        return f"image options changed since version {base.version}"
     for name in ("splits", "salt", "shard_size_mb"):
         if params.get(name) != getattr(cfg, name):
             return f"{name} changed since version {base.version}"
@@ -155,14 +159,14 @@ def inspections(storage: Storage, base: Base | None, discovered: str, folder: st
         yield Inspections(storage, discovered, db)
 
 
-def _keys(rows: Any) -> Iterator[tuple[str, str, list[str]]]:
+def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[str]]]:
     """``(filename, key, values)`` of each row of a DictReader, read as plain lists (the hot path of a join
-    over every record). The key is every field that decides a record's bytes (``RECORD_FIELDS``):
-    equal keys mean byte-identical records."""
+    over every record). The key is every field that decides a record's bytes (``fields``: the build's
+    record fields): equal keys mean byte-identical records (under the same image options)."""
     names = rows.fieldnames or []
-    columns = [names.index(name) if name in names else None for name in RECORD_FIELDS]
-    if columns == list(range(len(RECORD_FIELDS))):  # labels.csv and records.csv: the record's fields first
-        width = len(RECORD_FIELDS)
+    columns = [names.index(name) if name in names else None for name in fields]
+    if columns == list(range(len(fields))):  # labels.csv and records.csv: the record's fields first
+        width = len(fields)
         for values in rows.reader:
             yield values[0], "\x1f".join(values[:width]), values
         return
@@ -171,7 +175,8 @@ def _keys(rows: Any) -> Iterator[tuple[str, str, list[str]]]:
         yield fields[0], "\x1f".join(fields), values
 
 
-def survivors(storage: Storage, base: Base, records_uri: str, folder: str) -> Iterator[tuple[int, str]]:
+def survivors(storage: Storage, base: Base, records_uri: str, folder: str,
+              fields: tuple[str, ...]) -> Iterator[tuple[int, str]]:
     """``(row number in records_uri, base shard file)`` of every record the base holds byte for byte.
 
     Joins this build's records with the base's labels.csv by file name and record key.
@@ -181,12 +186,12 @@ def survivors(storage: Storage, base: Base, records_uri: str, folder: str) -> It
         db.execute("CREATE TABLE prev (filename TEXT PRIMARY KEY, key TEXT, shard TEXT)")
         with read_rows(storage, records_uri) as rows:
             db.executemany("INSERT INTO cur VALUES (?, ?, ?)",
-                           ((name, key, n) for n, (name, key, _) in enumerate(_keys(rows))))
+                           ((name, key, n) for n, (name, key, _) in enumerate(_keys(rows, fields))))
         with read_rows(storage, join(base.uri, layout.LABELS)) as rows:
             names = rows.fieldnames or []
             shard = names.index("shard") if "shard" in names else None
             db.executemany("INSERT OR REPLACE INTO prev VALUES (?, ?, ?)",
                            ((name, key, values[shard] if shard is not None and shard < len(values) else "")
-                            for name, key, values in _keys(rows)))
+                            for name, key, values in _keys(rows, fields)))
         yield from db.execute("SELECT cur.number, prev.shard FROM cur JOIN prev "
                               "ON prev.filename = cur.filename AND prev.key = cur.key ORDER BY cur.number")

@@ -14,7 +14,7 @@ from ..incremental import RETRIED_REASONS
 from ..manifest import REJECTS_FIELDS
 from ..progress import summarized
 from ..storage import Storage, join
-from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, staged
+from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, METADATA, staged
 
 
 @summarized
@@ -27,12 +27,15 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """
     counts = DiscoveryCounts()
     with RowWriter(storage, staged(cfg, DISCOVERED), DISCOVERED_FIELDS) as found, \
-            RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects:
-        for candidate in discover(storage, cfg.source, counts, cfg.cutoff):
+            RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects, \
+            RowWriter(storage, staged(cfg, METADATA), ("filename", *cfg.columns)) as metadata:
+        for candidate in discover(storage, cfg.source, counts, cfg.cutoff, cfg.columns, cfg.label_separator):
             if candidate.reason:
                 rejects.write(vars(candidate))
             else:
                 found.write(vars(candidate))
+                if cfg.columns:
+                    metadata.write_values((candidate.filename, *candidate.values))
     counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
     fingerprint = counts.fingerprint.hexdigest()
     previous = layout.previous_version(storage, cfg.dataset_uri, cfg.version)
@@ -41,7 +44,8 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         manifest = layout.read_manifest(storage, join(cfg.dataset_uri, previous))
         retry = set(manifest.get("rejects_by_reason", {})) & set(RETRIED_REASONS)  # files to read again
         unchanged = previous if manifest.get("source_fingerprint") == fingerprint and not retry else None
-    summary = {"layout": counts.layout, "listed": counts.listed, "skipped": counts.skipped,
+    summary = {"layout": counts.layout, "multi_label": counts.multi_label, "listed": counts.listed,
+               "skipped": counts.skipped,
                "skipped_by_kind": dict(sorted(counts.skipped_by_kind.items())),
                "after_cutoff": counts.after_cutoff, "candidates": found.count, "rejected": rejects.count,
                "fingerprint": fingerprint, "previous_version": previous, "unchanged_since": unchanged}

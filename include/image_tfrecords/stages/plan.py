@@ -35,8 +35,9 @@ from .. import planning
 from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
+from ..imaging import planned_bytes
 from ..incremental import COMPACTION_FACTOR, Base, base_of, survivors, why_not_reuse_shards
-from ..manifest import LABELS_FIELDS, RECORD_FIELDS
+from ..manifest import record_fields, schema_of
 from ..progress import summarized
 from ..storage import Storage
 from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
@@ -68,16 +69,19 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
 
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
     base = base_of(cfg, storage, summary["previous_version"])
-    why_full = why_not_reuse_shards(cfg, base)
+    why_full = why_not_reuse_shards(cfg, base, schema_of(cfg, bool(summary.get("multi_label"))))
     splits = list(summary["splits"])
     keys, sizes, split_of = array("d"), array("q"), array("b")
     split_number = {name: i for i, name in enumerate(splits)}
     with read_rows(storage, staged(cfg, RECORDS)) as rows:
         column = {name: i for i, name in enumerate(rows.fieldnames or ())}
         sha, size, split = column["sha256"], column["encoded_bytes"], column["split"]
+        shape = [column[name] for name in ("format", "width", "height", "channels")]
+        quality = cfg.jpeg_quality
         for values in rows.reader:  # plain lists: this pass runs over every record
             keys.append(planning.order_key(cfg.salt, values[sha]))
-            sizes.append(int(values[size]))
+            sizes.append(int(values[size]) if values[size] else
+                         planned_bytes("", *(values[i] for i in shape), quality))  # made by the writer
             split_of.append(split_number[values[split]])
     records = (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
                np.frombuffer(split_of, dtype=np.int8))
@@ -145,7 +149,7 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
     base_shards = [(split, s) for split, info in base.manifest["splits"].items() for s in info["shards"]]
     index_of = {s["file"]: i for i, (_, s) in enumerate(base_shards)}
     kept: Counter[int] = Counter()
-    for number, shard in survivors(storage, base, staged(cfg, RECORDS), tmp):
+    for number, shard in survivors(storage, base, staged(cfg, RECORDS), tmp, record_fields(cfg)):
         if shard in index_of:
             origin[number] = index_of[shard]
             kept[index_of[shard]] += 1
@@ -211,9 +215,9 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
     text = io.StringIO()
     line_writer = csv.writer(text, lineterminator="\n")
     with read_rows(storage, staged(cfg, RECORDS)) as rows, \
-            RowWriter(storage, staged(cfg, LABELS), LABELS_FIELDS) as labels:
-        if tuple(rows.fieldnames or ()) != RECORD_FIELDS:
-            raise BuildError(f"{staged(cfg, RECORDS)} has columns {rows.fieldnames}, expected {RECORD_FIELDS}")
+            RowWriter(storage, staged(cfg, LABELS), (*record_fields(cfg), "shard")) as labels:
+        if tuple(rows.fieldnames or ()) != record_fields(cfg):
+            raise BuildError(f"{staged(cfg, RECORDS)} has columns {rows.fieldnames}, expected {record_fields(cfg)}")
         for number, values in enumerate(rows.reader):
             shard = int(layout.shard_of[number])
             text.seek(0)
@@ -226,7 +230,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
             if number % 5_000 == 4_999:
                 flush()
     flush()
-    header = ",".join(LABELS_FIELDS) + "\n"
+    header = labels_header(cfg)
     for shard, name in enumerate(files):
         path = os.path.join(folder, str(shard))
         if not os.path.exists(path):
@@ -243,6 +247,13 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
         lines.sort()
         storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
                             header.encode() + b"".join(line for _, line in lines))  # type: ignore[misc]
+
+
+def labels_header(cfg: BuildConfig) -> str:
+    """labels.csv's header line (and the members files')."""
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerow([*record_fields(cfg), "shard"])
+    return text.getvalue()
 
 
 _ENTRY = struct.Struct("<qI")  # a row waiting in a shard's temporary file: its place, its length

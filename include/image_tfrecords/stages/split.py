@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from .. import layout
 from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
-from ..manifest import RECORD_FIELDS, REJECTS_FIELDS
+from ..imaging import planned_bytes, planned_facts
+from ..manifest import REJECTS_FIELDS, record_fields
 from ..progress import summarized
 from ..splitting import DuplicateResolver, assign_split
 from ..storage import Storage, join
@@ -18,6 +20,7 @@ from .staging import (
     DISCOVER_SUMMARY,
     IMAGES,
     INSPECT_REJECTS,
+    METADATA,
     RECORDS,
     REJECTS,
     SPLIT_SUMMARY,
@@ -32,6 +35,10 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     Class ids never change once given: the previous version's classes keep theirs, new ones are
     appended in sorted order. Fails before anything is written to the shards when nothing is left,
     or when more than ``max_reject_fraction`` of the files were rejected.
+
+    Each record's stored size, channels and format follow from the image options (``imaging``); a
+    multi-label record's ``label`` is its class names joined by the separator, ``label_id`` their ids;
+    the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv).
     """
     inspected = staged(cfg, IMAGES)
     with read_rows(storage, inspected) as rows:  # plain lists, not dicts: both passes run over every image
@@ -39,14 +46,21 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         name, label, sha = col["filename"], col["label"], col["sha256"]
         resolver = DuplicateResolver((v[name], v[label], v[sha]) for v in rows.reader)
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
+    multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
     known = layout.read_manifest(storage, join(cfg.dataset_uri, previous))["classes"] if previous else []
-    classes = known + sorted(resolver.kept_labels() - set(known))
+    kept = resolver.kept_labels()
+    if multi:
+        kept = {name for label_set in kept for name in label_set.split(sep)}
+    classes = known + sorted(kept - set(known))
     class_ids = {name: i for i, name in enumerate(classes)}
     per_split: dict[str, Counter[str]] = {name: Counter() for name in cfg.splits}
     reasons: Counter[str] = Counter()
-    with RowWriter(storage, staged(cfg, RECORDS), RECORD_FIELDS) as labels, \
-            RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects:
+    opts = cfg.image_options
+    fields = record_fields(cfg)
+    with RowWriter(storage, staged(cfg, RECORDS), fields) as labels, \
+            RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects, \
+            read_rows(storage, staged(cfg, METADATA)) as metadata:
         for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
             with read_rows(storage, staged(cfg, earlier)) as rows:
                 for row in rows:
@@ -55,9 +69,12 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         with read_rows(storage, inspected) as rows:
             if {name: i for i, name in enumerate(rows.fieldnames or ())} != col:  # (reads the header)
                 raise BuildError(f"{inspected} changed while it was read")
-            take = [col.get(field, -1) for field in RECORD_FIELDS]  # -1: label_id and split, set below
-            label_id, split_at, size = RECORD_FIELDS.index("label_id"), RECORD_FIELDS.index("split"), \
-                col["encoded_bytes"]
+            take = [col.get(field, -1) for field in fields]  # -1: label_id, split and columns, set below
+            label_id, split_at = fields.index("label_id"), fields.index("split")
+            facts = [fields.index(f) for f in ("width", "height", "channels", "format", "transform",
+                                                "encoded_sha256", "encoded_bytes")]
+            width, height, channels, fmt, _, _, size = facts
+            meta = iter(metadata.reader)
             for values in rows.reader:
                 verdict = resolver.verdict(values[name], values[sha])
                 if verdict:
@@ -66,11 +83,23 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     continue
                 split = assign_split(values[sha], cfg.salt, cfg.splits)
                 record = [values[i] if i >= 0 else "" for i in take]
-                record[label_id], record[split_at] = class_ids[values[label]], split
+                record[split_at] = split
+                if multi:
+                    record[label_id] = sep.join(str(class_ids[n]) for n in values[label].split(sep))
+                else:
+                    record[label_id] = class_ids[values[label]]
+                if not opts.is_default:
+                    planned = planned_facts(opts, record[fmt], *(record[i] for i in facts if i != fmt))
+                    for i, value in zip(facts, planned, strict=True):
+                        record[i] = value
+                if cfg.columns:
+                    record[len(fields) - len(cfg.columns):] = _metadata_of(values[name], meta)
                 labels.write_values(record)
                 per_split[split]["records"] += 1
-                per_split[split]["bytes"] += int(values[size])
-    summary = {"classes": classes, "previous_version": previous, "source_fingerprint": found["fingerprint"],
+                per_split[split]["bytes"] += planned_bytes(record[size], record[fmt], record[width], record[height],
+                                                           record[channels], cfg.jpeg_quality)
+    summary = {"classes": classes, "multi_label": multi, "previous_version": previous,
+               "source_fingerprint": found["fingerprint"],
                "num_records": labels.count, "num_rejected": rejects.count, "num_skipped": found["skipped"],
                "skipped_by_kind": found.get("skipped_by_kind", {}),
                "rejects_by_reason": dict(sorted(reasons.items())),
@@ -86,3 +115,12 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                          f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {staged(cfg, REJECTS)}")
     return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
         "num_classes": len(classes)}
+
+
+def _metadata_of(filename: str, rows: Iterator[list[str]]) -> list[str]:
+    """The declared columns of ``filename``: the next row of ``rows`` that names it (both tables list files
+    in discovery order, images.csv a subsequence of metadata.csv's)."""
+    for values in rows:
+        if values[0] == filename:
+            return values[1:]
+    raise BuildError(f"{filename} has no row in the staged metadata.csv")

@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import BuildConfig
+from ..documents import read_json
 from ..layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
-from ..storage import join
+from ..manifest import RecordSchema, schema_of
+from ..storage import Storage, join
 
 Progress = Callable[[int], None]
 TMP_PREFIX = ".tmp-"  # temporary files and folders inside a local staging prefix
 MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length: the most write tasks a plan makes
 
 DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
+METADATA = "metadata.csv"  # labels.csv's declared columns of each discovered file, in discovered.csv's order
 # inspection: the images (with their labels), the rejects and a summary; and INSPECTED (every file
 # inspected or taken over from the previous version: published as inspected.csv)
 IMAGES, INSPECT_REJECTS, INSPECT_SUMMARY = "images.csv", "rejects-inspect.csv", "inspect.json"
@@ -32,6 +35,11 @@ IMAGE_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "cha
 def staged(cfg: BuildConfig, *parts: str) -> str:
     """The URI of a staged file of this build."""
     return join(cfg.staging_uri, *parts)
+
+
+def staged_schema(cfg: BuildConfig, storage: Storage) -> RecordSchema:
+    """The record schema of this build (known once ``split`` has run: whether the source is multi-label)."""
+    return schema_of(cfg, bool(read_json(storage, staged(cfg, SPLIT_SUMMARY)).get("multi_label")))
 
 
 def no_progress(_: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import struct
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
 from ..example import decode_example
-from ..manifest import FEATURES, example_features, feature_spec
+from ..manifest import RecordSchema, example_features
 from ..parallel import batched_map
 from ..progress import summarized
 from ..storage import HashingReader, Storage
@@ -42,6 +43,7 @@ from .staging import (
     Progress,
     no_progress,
     staged,
+    staged_schema,
 )
 
 _RECORD_OVERHEAD = 16  # length, its CRC and the data's CRC around each record
@@ -90,7 +92,8 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
             position += len(record) + _RECORD_OVERHEAD
             yield number, record
 
-    check = partial(record_facts, shard)
+    schema = staged_schema(cfg, storage)
+    check = partial(record_facts, schema, shard)
     try:
         with storage.open_read(uri) as stream:
             raw = HashingReader(stream)
@@ -100,7 +103,7 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
                 for fact in facts:
                     if count >= len(members):
                         raise BuildError(f"shard {shard} holds more records than the {len(members)} planned")
-                    _match(shard, fact, unseen)
+                    _match(schema, shard, fact, unseen)
                     count += 1
                     progress(1)
             except CorruptRecordError as exc:
@@ -128,40 +131,88 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     return result
 
 
-def record_facts(shard: str, item: tuple[int, bytes]) -> tuple[int, str, dict[str, Any], str]:
-    """Parse record ``item = (index, bytes)`` of ``shard`` and check its schema: ``(index, file name, its
-    feature values but the image, the image's SHA-256)``. Needs nothing but the record, so it runs anywhere."""
+ImageFacts = tuple[str, int, str, tuple[int, int] | None]  # sha256, length, format found, header size
+
+
+def _image_facts(image: bytes, raw: bool) -> ImageFacts:
+    """What the checks need of a record's image: its SHA-256 and length, and (encoded images) the format
+    and size its header gives (Pillow opens the header only; the pixels were decoded when it was made)."""
+    sha = hashlib.sha256(image).hexdigest()
+    if raw:
+        return sha, len(image), "raw", None
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(image), formats=["JPEG", "PNG"]) as opened:
+            return sha, len(image), str(opened.format).lower(), opened.size
+    except Exception:  # not JPEG or PNG, or a broken header
+        return sha, len(image), "", None
+
+
+def record_facts(schema: RecordSchema, shard: str, item: tuple[int, bytes]) -> tuple[int, str, dict[str, Any],
+                                                                                   ImageFacts]:
+    """Parse record ``item = (index, bytes)`` of ``shard`` and check it has ``schema``'s features: ``(index,
+    file name, its feature values but the image, the image's facts)``. Needs nothing but the record, so it
+    runs anywhere."""
     number, record = item
     where = f"shard {shard} record {number}"
     try:
         example = decode_example(record)
     except (ValueError, KeyError, IndexError) as exc:
         raise BuildError(f"{where} does not parse as a tf.train.Example: {exc}") from exc
-    if set(example) != set(FEATURES):
-        raise BuildError(f"{where} has keys {sorted(example)}, expected {sorted(FEATURES)}")
-    for key, dtype in FEATURES.items():
-        values = example[key]
-        kind = bytes if dtype == "string" else int
-        if len(values) != 1 or not isinstance(values[0], kind):
-            raise BuildError(f"{where}: {key} is not one {dtype}")
+    spec = schema.features()
+    if set(example) != set(spec):
+        raise BuildError(f"{where} has keys {sorted(example)}, expected {sorted(spec)}")
+    kinds = {"string": bytes, "int64": int, "float": float}
+    for key, feature in spec.items():
+        values, shape = example[key], feature["shape"]
+        if (shape == [] and len(values) != 1) or (shape and shape[0] is not None and len(values) != shape[0]) \
+                or not all(isinstance(v, kinds[feature["dtype"]]) for v in values):
+            raise BuildError(f"{where}: {key} is not {feature['dtype']} of shape {shape}")
     name = example["image/filename"][0].decode("utf-8", "surrogateescape")  # type: ignore[union-attr]
-    image_sha = hashlib.sha256(example["image/encoded"][0]).hexdigest()  # type: ignore[arg-type]
-    return number, name, {key: example[key][0] for key in FEATURES if key != "image/encoded"}, image_sha
+    image = example[schema.image_key][0]
+    values = {key: example[key][0] if spec[key]["shape"] == [] else example[key] for key in spec
+              if key != schema.image_key}
+    return number, name, values, _image_facts(image, schema.raw)  # type: ignore[arg-type]
 
 
-def _match(shard: str, facts: tuple[int, str, dict[str, Any], str], unseen: dict[str, dict[str, str]]) -> None:
-    """Check one record's facts against the member of its name (removed from ``unseen``: a name counts once)."""
-    number, name, values, image_sha = facts
+def _float32(value: Any) -> Any:
+    """``value`` (a float or a list of them) as a float32 round-trip gives it back."""
+    if isinstance(value, float):
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    if isinstance(value, list | array) and value and isinstance(value[0], float):
+        return [_float32(v) for v in value]
+    return list(value) if isinstance(value, array) else value
+
+
+def _match(schema: RecordSchema, shard: str, facts: tuple[int, str, dict[str, Any], ImageFacts],
+           unseen: dict[str, dict[str, str]]) -> None:
+    """Check one record's facts against the member of its name (removed from ``unseen``: a name counts once).
+
+    An image stored as inspected must have the inspected bytes; one the writer made (no planned
+    ``encoded_sha256``) must be of the planned format and size (raw: exactly height x width x channels
+    bytes)."""
+    number, name, values, (image_sha, image_len, image_format, size) = facts
     where = f"shard {shard} record {number}"
     member = unseen.pop(name, None)
     if member is None:
         raise BuildError(f"{where}: {name!r} is not planned for this shard, or is in it twice")
-    expected = example_features(member, b"")
+    expected = example_features(member, b"", schema)
     for key, value in values.items():
-        if value != expected[key]:
+        if value != _float32(expected[key]):
             raise BuildError(f"{where}: {key} is {value!r}, the plan says {expected[key]!r}")
-    if image_sha != member["encoded_sha256"]:
-        raise BuildError(f"{where}: image bytes do not match what inspection recorded")
+    if member["encoded_sha256"]:
+        if image_sha != member["encoded_sha256"]:
+            raise BuildError(f"{where}: image bytes do not match what inspection recorded")
+        return
+    width, height, channels = int(member["width"]), int(member["height"]), int(member["channels"])
+    if schema.raw:
+        if image_len != width * height * channels:
+            raise BuildError(f"{where}: {image_len} bytes of pixels, {height}x{width}x{channels} planned")
+    elif (image_format, size) != (member["format"], (width, height)):
+        raise BuildError(f"{where}: the image is {image_format or 'not JPEG or PNG'} "
+                         f"{size[0] if size else '?'}x{size[1] if size else '?'}, "
+                         f"{member['format']} {width}x{height} was planned")
 
 
 def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, array[int]]) -> None:
@@ -256,11 +307,14 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "classes": summary["classes"],
         "previous_version": summary["previous_version"], "source_fingerprint": summary["source_fingerprint"],
         "as_of": cfg.as_of,
-        "compression": cfg.compression, "features": feature_spec(), "splits": splits,
+        "compression": cfg.compression, "features": staged_schema(cfg, storage).features(), "splits": splits,
+        "image": cfg.image_options.describe(), "multi_label": bool(summary.get("multi_label")),
+        "label_separator": cfg.label_separator, "columns": dict(cfg.columns),
         "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked),
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
                                          "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
-                                         "max_pixels": cfg.max_pixels},
+                                         "max_pixels": cfg.max_pixels, **cfg.image_options.describe(),
+                                         "columns": dict(cfg.columns), "label_separator": cfg.label_separator},
     }
     write_json(storage, staged(cfg, MANIFEST), manifest)
     return {"num_records": manifest["num_records"], "num_shards": sum(len(s["shards"]) for s in splits.values())}

@@ -21,15 +21,16 @@ from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
 from ..example import decode_example, encode_example
+from ..imaging import Output, make_image
 from ..incremental import FULL_REBUILD
-from ..manifest import example_features
+from ..manifest import RecordSchema, example_features
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
 from ..probe import RejectedImage, stored_bytes
 from ..progress import ProgressLog
 from ..reading import read_source
 from ..storage import HashingReader, HashingWriter, Storage, join
 from ..tfrecord import CorruptRecordError, TFRecordWriter, read_records
-from .staging import MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged
+from .staging import MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from .validate import member_rows, validate_shard
 
 
@@ -89,8 +90,11 @@ def _stage(cfg: BuildConfig, storage: Storage, shard: str, path: str, writer: TF
     return receipt
 
 
-def _record_from_source(cfg: BuildConfig, storage: Storage, row: dict[str, str]) -> tuple[bytes, int]:
-    """One member's record (``tf.train.Example`` bytes) from its image in the source, and the bytes read."""
+def _record_from_source(cfg: BuildConfig, storage: Storage, schema: RecordSchema, row: dict[str, str]
+                        ) -> tuple[bytes, int]:
+    """One member's record (``tf.train.Example`` bytes) from its image in the source, and the bytes read.
+    An image the options change (no ``encoded_sha256`` planned) is made here: decoded, converted, resized
+    and encoded once, by the worker that writes its shard."""
     try:
         data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
     except RejectedImage as exc:
@@ -98,10 +102,15 @@ def _record_from_source(cfg: BuildConfig, storage: Storage, row: dict[str, str])
     if hashlib.sha256(data).hexdigest() != row["sha256"]:
         raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
     try:
-        encoded = stored_bytes(data, row, cfg.max_pixels)
+        if row["encoded_sha256"]:
+            encoded = stored_bytes(data, row, cfg.max_pixels)
+        else:
+            encoded = make_image(data, Output.of_row(row), cfg.image_options, cfg.max_pixels)
     except (ValueError, RejectedImage) as exc:
         raise BuildError(f"{row['filename']}: {exc}") from exc
-    return encode_example(example_features(row, encoded)), len(data)
+    except Exception as exc:  # Pillow raises many types; the image decoded at inspection
+        raise BuildError(f"{row['filename']}: cannot make its record image ({type(exc).__name__}: {exc})") from exc
+    return encode_example(example_features(row, encoded, schema)), len(data)
 
 
 def _from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[str, str]], read_workers: int,
@@ -114,7 +123,7 @@ def _from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[str, st
     Across machines (Celery, Kubernetes) the unit is the write task; ``shard_size_mb`` sets how many
     there are.
     """
-    make = partial(_record_from_source, cfg, storage)
+    make = partial(_record_from_source, cfg, storage, staged_schema(cfg, storage))
     if processes is not None:
         return batched_map(make, rows, processes, read_workers, batch=8)
     return ordered_map(make, rows, read_workers)
