@@ -128,7 +128,7 @@ def assert_self_contained(out: dict[str, bytes]) -> None:
     parser = TagCollector()
     parser.feed(page)
     assert {tag for tag, _ in parser.tags} <= {"html", "head", "meta", "title", "style", "body", "main", "h1", "h2",
-                                               "p", "table", "thead", "tbody", "tr", "th", "td", "img"}
+                                               "h3", "p", "table", "thead", "tbody", "tr", "th", "td", "img"}
     targets = [value or "" for _, attrs in parser.tags for name, value in attrs if name in ("src", "href")]
     assert targets and all(t.startswith("data:image/png;base64,") for t in targets)
     referenced = md_images(md)
@@ -315,6 +315,181 @@ def test_strings_from_the_data_are_escaped() -> None:
     assert_self_contained(out)
 
 
+# -- multi-label datasets and the build options ------------------------------------------------------
+ML_CLASSES = ["cats", "dogs", "owls", "yaks"]  # yaks: no records
+ML_RECORDS = [  # (filename, classes, split)
+    ("a.png", ["cats"], "train"), ("b.png", ["cats", "dogs"], "train"), ("c.png", ["cats", "dogs"], "test"),
+    ("d.png", ["cats", "dogs", "owls"], "train"), ("e.png", ["dogs", "owls"], "test"), ("f.png", ["owls"], "train"),
+    ("g.png", ["cats", "dogs"], "train"), ("h.png", ["owls", "cats"], "test"),
+]
+
+
+def multi_label_rows(records: list[tuple[str, list[str], str]] = ML_RECORDS, classes: list[str] = ML_CLASSES,
+                     sep: str = "|") -> tuple[list[Row], dict[str, bytes]]:
+    """labels.csv rows as a multi-label build writes them: sorted names joined by ``sep``, ids in that order."""
+    rows, images = [], {}
+    for i, (filename, names, split) in enumerate(records):
+        images[filename] = make_image(100 + i)
+        names = sorted(set(names))
+        row = label_row(filename, sep.join(names), 0, split, images[filename])
+        row["label_id"] = sep.join(str(classes.index(n)) for n in names)
+        rows.append(row)
+    return rows, images
+
+
+def multi_label_manifest(rows: list[Row], sep: str = "|", **extra: Any) -> dict[str, Any]:
+    features = feature_spec()
+    features["image/class/label"]["shape"] = features["image/class/text"]["shape"] = [None]
+    return make_manifest(rows, ML_CLASSES, multi_label=True, label_separator=sep, features=features) | extra
+
+
+@pytest.mark.parametrize("sep", ["|", ";"])
+def test_multi_label_counts_each_class_of_a_record(sep: str) -> None:
+    rows, images = multi_label_rows(sep=sep)
+    out = render(multi_label_manifest(rows, sep), rows, images)
+    md = out["card.md"].decode()
+    _, header = md_table(md, "# Dataset card: pets v2")
+    assert dict(header)["Labels"].startswith("multi-label")
+
+    head, body = md_table(md, "## Records per split and class")
+    assert head == ["id", "class", "train", "test", "total"]
+    expected = Counter((name, split) for _, names, split in ML_RECORDS for name in names)
+    assert {name: (number(train), number(test)) for _, name, train, test, _ in body[:-2]} == {
+        name: (expected[name, "train"], expected[name, "test"]) for name in ML_CLASSES}
+    assert dict((r[1], r[2:]) for r in body)["cats"] == ["4", "2", "6"]  # a, b, d, g; c, h
+    assert body[-2] == ["", "class labels", "9", "6", "15"]
+    assert body[-1] == ["", "records", "5", "3", "8"]  # the manifest's counts: no warning
+    assert "Warning" not in md
+
+    head, sizes = md_table(md, "## Classes per record")
+    assert head == ["classes", "train", "test", "total"]
+    assert sizes == [["1", "2", "0", "2"], ["2", "2", "3", "5"], ["3+", "1", "0", "1"],
+                     ["mean", "1.80", "2.00", "1.88"]]
+    assert "the most classes on one record: 3." in md
+
+    head, pairs = md_table(md, "## Classes found together")
+    assert head == ["id", "class", "id", "class", "records", "share"]
+    assert pairs == [["0", "cats", "1", "dogs", "4", "80.0%"],  # b, c, d, g; dogs: 5 records
+                     ["0", "cats", "2", "owls", "2", "50.0%"],  # d, h
+                     ["1", "dogs", "2", "owls", "2", "50.0%"]]  # d, e
+
+    # samples by class id: a record shows under each of its classes, named by the class (not "cats|dogs")
+    _, samples = md_table(md, "## Samples")
+    assert [s[:2] for s in samples] == [["0", "cats"], ["1", "dogs"], ["2", "owls"]]
+    for cid, name in enumerate(ML_CLASSES[:3]):
+        with_class = sorted((r for r, (_, names, _) in zip(rows, ML_RECORDS, strict=True) if name in names),
+                            key=lambda r: r["sha256"])
+        thumbs = [card_render.thumbnail(images[r["filename"]]) for r in with_class[:6]]
+        assert out[f"card/samples/class-{cid:05d}.png"] == card_render.thumbnail_strip(thumbs)
+    decode_png(out["card/records.png"])
+    assert render(multi_label_manifest(rows, sep), rows[::-1], images) == out  # independent of the row order
+    assert_self_contained(out)
+
+
+def test_multi_label_top_pairs_and_label_set_sizes() -> None:
+    classes = [f"c{i}" for i in range(8)]
+    records = [(f"{i:03d}.png", [classes[j] for j in range(8) if (i >> j) & 1], "train") for i in range(1, 256)]
+    rows, images = multi_label_rows(records, classes)
+    manifest = make_manifest(rows, classes, multi_label=True, label_separator="|")
+    md = render(manifest, rows, images)["card.md"].decode()
+    _, pairs = md_table(md, "## Classes found together")
+    assert len(pairs) == 20  # top 20 of the 28 pairs, each on 64 of the 255 records: ties by id
+    assert [(p[1], p[3], p[4]) for p in pairs[:8]] == [("c0", f"c{j}", "64") for j in range(1, 8)] + [
+        ("c1", "c2", "64")]
+    _, sizes = md_table(md, "## Classes per record")
+    assert sizes[:3] == [["1", "8", "0", "8"], ["2", "28", "0", "28"], ["3+", "219", "0", "219"]]
+
+
+def test_pairs_among_the_most_frequent_classes_when_there_are_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    from image_tfrecords import card
+
+    monkeypatch.setattr(card, "PAIR_CLASSES", 2)
+    rows, images = multi_label_rows()  # cats 6, dogs 5, owls 4 records
+    md = render(multi_label_manifest(rows), rows, images)["card.md"].decode()
+    _, pairs = md_table(md, "## Classes found together")
+    assert pairs == [["0", "cats", "1", "dogs", "4", "80.0%"]]
+    assert "counted among the 2 classes with the most records: a pair with another class is on at most 4" in md
+
+
+def test_single_label_cards_have_no_multi_label_sections() -> None:
+    rows, images = make_dataset({"cats": 4, "dogs|owls": 3}, ["cats", "dogs|owls"])  # a "|" in a class name
+    md = render(make_manifest(rows, ["cats", "dogs|owls"]), rows, images)["card.md"].decode()
+    assert "## Classes per record" not in md and "## Classes found together" not in md
+    _, body = md_table(md, "## Records per split and class")
+    assert [r[1] for r in body] == ["cats", "dogs|owls", "total"]
+    assert "Labels" not in dict(md_table(md, "# Dataset card: pets v2")[1])
+
+
+def test_multi_label_diff_counts_records_and_relabelled_images() -> None:
+    rows, images = multi_label_rows()
+    old_records = [(f, ["cats"] if f == "b.png" else names, s) for f, names, s in ML_RECORDS if f != "h.png"]
+    old_rows, _ = multi_label_rows(old_records)
+    previous = PreviousVersion(multi_label_manifest(old_rows, version="v1"), lambda: iter(old_rows))
+    out = render(multi_label_manifest(rows, previous_version="v1"), rows, images, previous=previous)
+    md = out["card.md"].decode()
+    _, changes = md_table(md, "## Changes since the previous version")
+    got = {change: (number(count), examples) for change, count, examples in changes}
+    assert got["images added"] == (1, "h.png") and got["images removed"] == (0, "")
+    assert got["images changed"] == (0, "") and got["images relabelled"] == (1, "b.png")
+    _, per_split = md_table(md, "## Changes since the previous version", nth=1)
+    assert per_split == [["train", "5", "5", "+0"], ["test", "2", "3", "+1"], ["total", "7", "8", "+1"]]
+    # from a single-label version: a record whose one class is still its only class is not relabelled
+    single = [dict(r, label=r["label"].split("|")[0], label_id=r["label_id"].split("|")[0]) for r in rows]
+    previous = PreviousVersion(make_manifest(single, ML_CLASSES, "v1"), lambda: iter(single))
+    got = {c: number(n) for c, n, _ in md_table(render(multi_label_manifest(rows), rows, images, previous=previous)[
+        "card.md"].decode(), "## Changes since the previous version")[1]}
+    assert got["images relabelled"] == 6  # b, c, d, e, g and h gained classes; a and f did not
+    assert_self_contained(out)
+
+
+def test_image_options_labels_and_columns_are_listed() -> None:
+    rows, images = multi_label_rows()
+    features = feature_spec()
+    del features["image/encoded"]
+    features |= {"image/raw": {"dtype": "string", "shape": []}, "image/shape": {"dtype": "int64", "shape": [3]},
+                 "caption": {"dtype": "string", "shape": []}, "weight": {"dtype": "float", "shape": []},
+                 "tags": {"dtype": "string", "shape": [None]}}
+    features["image/class/label"]["shape"] = features["image/class/text"]["shape"] = [None]
+    manifest = multi_label_manifest(rows, features=features, columns={
+        "caption": "string", "weight": "float", "tags": "string_list"}, image={
+        "resize": "224x160", "fit": "pad", "upscale": True, "encoding": "raw", "jpeg_quality": 90, "channels": 0,
+        "filter": "lanczos"})
+    md = render(manifest, rows, images)["card.md"].decode()
+    _, options = md_table(md, "### Images")
+    got = dict(options)
+    assert list(got) == ["resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "filter"]
+    assert got["resize"] == "224x160 (224 px wide, 160 px high)" and got["fit"].startswith("pad (")
+    assert got["upscale"].startswith("yes") and got["encoding"].startswith("raw (")
+    assert got["jpeg_quality"] == "90 (not used)" and got["channels"] == "0 (3 for raw: RGB)"
+    assert got["filter"] == "lanczos"
+    _, labels = md_table(md, "### Labels")
+    assert dict(labels)["labels"].startswith("multi-label") and dict(labels)["label separator"] == "'|'"
+    _, columns = md_table(md, "### Metadata columns")
+    assert columns == [["caption", "string", "string", "[]"], ["weight", "float", "float", "[]"],
+                       ["tags", "string_list", "string", "[variable length]"]]
+    shapes = {key: shape for key, _, shape in md_table(md, "## Features")[1]}
+    assert shapes["image/class/label"] == "[variable length]" and shapes["image/shape"] == "[3]"
+    assert shapes["image/height"] == "[]" and "image/encoded" not in shapes
+
+    jpeg = dict(md_table(render(manifest | {"image": {"resize": "longest:512", "encoding": "jpeg", "channels": 3}},
+                                rows, images)["card.md"].decode(), "### Images")[1])
+    assert jpeg["resize"] == "longest:512 (longest side 512 px)" and jpeg["encoding"].startswith("jpeg (")
+    assert jpeg["fit"] == "crop (used only with a WxH resize)" and jpeg["channels"] == "3 (RGB)"
+    assert jpeg["jpeg_quality"] == "95" and jpeg["upscale"].startswith("no")
+
+
+def test_a_manifest_from_before_the_options_shows_the_defaults() -> None:
+    rows, images = make_dataset({"cats": 3}, CLASSES)
+    md = render(make_manifest(rows, CLASSES), rows, images)["card.md"].decode()
+    assert "The manifest records no image options" in md
+    got = dict(md_table(md, "### Images")[1])
+    assert got["resize"] == "none (original size)" and got["encoding"].startswith("original (as stored")
+    assert got["channels"] == "0 (as decoded)" and got["upscale"].startswith("no")
+    assert got["filter"] == "lanczos (not used: no resize)" and got["jpeg_quality"] == "95"
+    assert dict(md_table(md, "### Labels")[1]) == {"labels": "single-label: one class per record"}
+    assert "No metadata columns" in md
+
+
 # -- a card for a real build --------------------------------------------------------------------------
 def csv_rows(path: Path) -> Callable[[], Iterator[Row]]:
     def rows() -> Iterator[Row]:
@@ -424,3 +599,42 @@ def test_charts_draw_every_class_and_are_deterministic() -> None:
     assert len(rows_with_bars) >= 50 * 15  # 50 bars of 20 px, each with a train segment
     shards = Image.open(io.BytesIO(shards_chart({"train": [90_000_000, 100_000_000], "test": []})))
     assert shards.size == (800, 354)
+
+
+def test_card_of_a_real_multi_label_build(tmp_path: Path) -> None:
+    """A labels.csv with a ``labels`` column, resized and re-encoded: the card counts each class of a record."""
+    names, source = ["cats", "dogs", "owls"], tmp_path / "source"
+    source.mkdir()
+    with open(source / "labels.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["filename", "labels", "caption"])
+        for i in range(21):
+            (source / f"img{i:02d}.png").write_bytes(make_image(i))
+            writer.writerow([f"img{i:02d}.png", "|".join(n for j, n in enumerate(names) if (i % 7 + 1) >> j & 1),
+                             f"picture {i}"])
+    result = run_cli("build", "--source", str(source), "--destination", str(tmp_path / "out"), "--dataset", "ml",
+                     "--version", "v1", "--workers", "1", "--no-progress", "--resize", "32x24", "--fit", "pad",
+                     "--encoding", "png", "--columns", "caption=string")
+    assert result.returncode == 0, result.stderr
+    version = tmp_path / "out" / "ml" / "v1"
+    md = card_of(version, source, None)["card.md"].decode()  # thumbnails of the source images
+
+    def without_samples(text: str) -> str:
+        return re.sub(r"## Samples\n.*?(?=## Rejects)", "", text, flags=re.S)
+
+    assert without_samples((version / "card.md").read_text()) == without_samples(md)  # the published card
+    labels = list(csv_rows(version / "labels.csv")())
+    expected = Counter((name, r["split"]) for r in labels for name in r["label"].split("|"))
+    splits = ["train", "validation", "test"]
+    _, body = md_table(md, "## Records per split and class")
+    assert {name: [number(c) for c in counts[:3]] for _, name, *counts in body[:-2]} == {
+        name: [expected[name, s] for s in splits] for name in names}
+    assert body[-1][1] == "records" and number(body[-1][-1]) == len(labels) == 21
+    _, pairs = md_table(md, "## Classes found together")
+    assert sorted((p[1], p[3], number(p[4])) for p in pairs) == [("cats", "dogs", 6), ("cats", "owls", 6),
+                                                                  ("dogs", "owls", 6)]
+    _, sizes = md_table(md, "## Classes per record")
+    assert [(s[0], number(s[-1])) for s in sizes[:3]] == [("1", 9), ("2", 9), ("3+", 3)]
+    options = dict(md_table(md, "### Images")[1])
+    assert options["resize"].startswith("32x24") and options["encoding"].startswith("png")
+    assert md_table(md, "### Metadata columns")[1] == [["caption", "string", "string", "[]"]]

@@ -3,6 +3,10 @@
 ``build_card`` is pure: it reads the manifest, streams labels.csv / rejects.csv rows (never holding all
 of them: counters per class and split, a few smallest rows, and 8-byte hashes for the diff) and returns
 ``{relative path: bytes}``. The same inputs always give the same bytes.
+
+A multi-label manifest (``"multi_label": true``) has rows whose ``label`` / ``label_id`` join several
+classes with ``label_separator``: each record counts once for each of its classes, and the card adds
+records per number of classes and the pairs of classes found together most often.
 """
 
 from __future__ import annotations
@@ -15,10 +19,34 @@ from typing import Any
 
 from . import card_plot, card_render
 from .card_render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
-from .card_stats import EXAMPLES, REJECT_EXAMPLES, SAMPLES, Diff, LabelScan, SamplePicker, diff_versions, scan_rejects
+from .card_stats import (
+    EXAMPLES,
+    PAIR_CLASSES,
+    REJECT_EXAMPLES,
+    SAMPLES,
+    Diff,
+    LabelScan,
+    SamplePicker,
+    diff_versions,
+    scan_rejects,
+)
 from .manifest import ordered_splits
 
-SAMPLE_CLASSES, CHART_CLASSES, LISTED_CLASSES = 50, 50, 100
+SAMPLE_CLASSES, CHART_CLASSES, LISTED_CLASSES, TOP_PAIRS = 50, 50, 100, 20
+# The image options of a build (manifest["image"]); a manifest from before them: images stored as read.
+IMAGE_DEFAULTS: dict[str, Any] = {"resize": "none", "fit": "crop", "upscale": False, "encoding": "original",
+                                  "jpeg_quality": 95, "channels": 0, "filter": "lanczos"}
+_ENCODINGS = {"original": "original (as stored; a resized image is re-encoded in its own format)",
+              "jpeg": "jpeg (every image encoded as JPEG)", "png": "png (every image encoded as lossless PNG)",
+              "raw": "raw (uint8 pixels, height x width x channels, in image/raw with image/shape)"}
+_FITS = {"crop": "crop (scaled to cover, centre cropped)", "pad": "pad (scaled to fit, centred, padded with black)",
+         "stretch": "stretch (scaled to the size, aspect ratio not kept)"}
+_CHANNELS = {1: "1 (grayscale)", 3: "3 (RGB)", 4: "4 (RGBA)"}
+
+
+def separator_of(manifest: dict[str, Any]) -> str | None:
+    """The separator of a multi-label manifest's label cells; None for a single-label one."""
+    return str(manifest.get("label_separator") or "|") if manifest.get("multi_label") else None
 
 
 @dataclass(frozen=True)
@@ -45,11 +73,37 @@ def _names(names: list[str]) -> str:
     return ", ".join(names)
 
 
+def _shape(shape: Any) -> str:
+    """A feature's shape: ``[]`` scalar, ``[variable length]`` for a null dimension, ``[3]``."""
+    if not isinstance(shape, list | tuple):
+        return str(shape)
+    return "[" + ", ".join("variable length" if d is None else str(d) for d in shape) + "]"
+
+
+def _resize(value: str) -> str:
+    kind, _, size = value.partition(":")
+    if value == "none":
+        return "none (original size)"
+    if kind == "longest" and size:
+        return f"{value} (longest side {size} px)"
+    if kind == "shortest" and size:
+        return f"{value} (shortest side {size} px)"
+    width, x, height = value.partition("x")
+    return f"{value} ({width} px wide, {height} px high)" if x and width.isdigit() and height.isdigit() else value
+
+
+def _channels(value: Any, encoding: str) -> str:
+    if str(value) in ("0", "None", ""):
+        return "0 (3 for raw: RGB)" if encoding == "raw" else "0 (as decoded)"
+    return _CHANNELS.get(value, str(value)) if isinstance(value, int) else str(value)
+
+
 class Card:
     """The card's sections, appended in order to ``blocks``; PNGs collected in ``pngs``."""
 
     def __init__(self, manifest: dict[str, Any], splits: list[str], scan: LabelScan) -> None:
         self.m, self.splits, self.scan = manifest, splits, scan
+        self.separator = separator_of(manifest)
         self.blocks: list[Block] = []
         self.pngs: dict[str, bytes] = {}
 
@@ -68,6 +122,8 @@ class Card:
             ("Records", int(m.get("num_records", 0))), ("Rejected", int(m.get("num_rejected", 0))),
             ("Skipped (not images)", int(m.get("num_skipped", 0))),
             ("Compression", str(m.get("compression", ""))), ("Classes", f"{len(classes):,}: {listed}"),
+            *([("Labels", f"multi-label: a record has any number of classes, joined by {self.separator!r} "
+                          "in labels.csv")] if self.separator is not None else []),
             ("Previous version", str(m.get("previous_version") or "none")),
         ]))
 
@@ -80,9 +136,19 @@ class Card:
         for name in classes:
             values = [counts[name, s] for s in splits]
             rows.append((ids.get(name), name, *values, sum(values)))
-        per_split = _per_split(counts)
-        rows.append((None, "total", *[per_split[s] for s in splits], sum(per_split.values())))
-        self.blocks += [Heading("Records per split and class"), Table(("id", "class", *splits, "total"), rows)]
+        per_split = self.scan.records
+        if self.separator is not None:
+            labels = _per_split(counts)
+            rows.append((None, "class labels", *[labels[s] for s in splits], sum(labels.values())))
+            rows.append((None, "records", *[per_split[s] for s in splits], sum(per_split.values())))
+        else:
+            rows.append((None, "total", *[per_split[s] for s in splits], sum(per_split.values())))
+        self.blocks.append(Heading("Records per split and class"))
+        if self.separator is not None:
+            self.blocks.append(Para("Multi-label: a record counts once for each of its classes. The classes add "
+                                    "up to the class labels row, more than the records row when records have "
+                                    "several classes."))
+        self.blocks.append(Table(("id", "class", *splits, "total"), rows))
         for split in splits:
             stated = self.m.get("splits", {}).get(split, {}).get("num_records")
             if stated is not None and stated != per_split[split]:
@@ -94,12 +160,54 @@ class Card:
         chart = card_plot.records_chart(shown, splits, counts, title)
         self.blocks.append(self._png("card/records.png", chart, title))
 
+    def label_sets(self) -> None:
+        """Multi-label: records per number of classes, per split."""
+        sizes, splits = self.scan.sizes, self.splits
+        buckets: list[tuple[str, Callable[[int], bool]]] = [("1", lambda n: n == 1), ("2", lambda n: n == 2),
+                                                             ("3+", lambda n: n >= 3)]
+        if any(n == 0 for n, _ in sizes):
+            buckets.insert(0, ("0", lambda n: n == 0))
+        rows: list[tuple[Cell, ...]] = []
+        for label, test in buckets:
+            values = [sum(c for (n, s), c in sizes.items() if s == split and test(n)) for split in splits]
+            rows.append((label, *values, sum(values)))
+        records, labels = self.scan.records, _per_split(self.scan.counts)
+        rows.append(("mean", *[f"{labels[s] / records[s]:.2f}" if records[s] else "" for s in splits],
+                     f"{labels.total() / records.total():.2f}" if records.total() else ""))
+        most = max((n for n, _ in sizes), default=0)
+        self.blocks += [Heading("Classes per record"),
+                        Para(f"Records by their number of classes; the most classes on one record: {most:,}."),
+                        Table(("classes", *splits, "total"), rows)]
+
+    def cooccurrence(self) -> None:
+        """Multi-label: the pairs of classes found together on the most records."""
+        scan, names = self.scan, list(self.m.get("classes", []))
+        by_id = {cid: name for name, cid in scan.ids.items()} | dict(enumerate(names))
+        top = scan.top_pairs(TOP_PAIRS)
+        self.blocks.append(Heading("Classes found together"))
+        if not top:
+            self.blocks.append(Para("No record has two or more classes."))
+            return
+        totals = scan.class_totals()
+        note = (f"The {len(top)} pairs of classes found together on the most records (all splits); share: of "
+                "the records of the rarer class of the pair.")
+        if scan.pairs_among is not None:
+            bound = scan.rarest_left_out()
+            note += (f" Pairs are counted among the {scan.pairs_among:,} classes with the most records: a pair "
+                     f"with another class is on at most {bound:,} records"
+                     + (", so these are the top pairs of all classes." if top[-1][2] >= bound
+                        and len(top) == TOP_PAIRS else "."))
+        rows: list[tuple[Cell, ...]] = []
+        for a, b, n in top:
+            rarer = min(totals[by_id.get(a, "")], totals[by_id.get(b, "")])
+            rows.append((a, by_id.get(a, ""), b, by_id.get(b, ""), n, f"{100 * n / rarer:.1f}%" if rarer else ""))
+        self.blocks += [Para(note), Table(("id", "class", "id", "class", "records", "share"), rows)]
+
     def samples(self, picker: SamplePicker, fetch_image: Callable[[dict[str, str]], bytes | None]) -> None:
         rows: list[tuple[Cell, ...]] = []
         for cid in sorted(picker.by_class):
-            thumbs, name = [], ""
+            thumbs, name = [], picker.names[cid]
             for _, row in picker.by_class[cid].items:
-                name = row["label"]
                 if len(thumbs) < SAMPLES and (data := fetch_image(row)) is not None:
                     thumb = card_render.thumbnail(data)
                     if thumb is not None:
@@ -111,6 +219,8 @@ class Card:
         note = (f"For each class, the {SAMPLES} records with the smallest sha256 (a choice that does not depend "
                 f"on the order of the rows; images that cannot be read are skipped), as thumbnails of at most "
                 f"{card_render.THUMB} px.")
+        if self.separator is not None:
+            note += " A record with several classes can show under each of them."
         if with_records > len(rows):
             note += f" Showing the first {len(rows)} classes by id of the {with_records:,} classes with records."
         self.blocks += [Heading("Samples"), Para(note)]
@@ -181,15 +291,16 @@ class Card:
                 ("images added", diff.added, _names(diff.examples["added"])),
                 ("images removed", diff.removed, _names(diff.examples["removed"])),
                 ("images changed", diff.changed, _names(diff.examples["changed"])),
+                *([("images relabelled", diff.relabelled, _names(diff.examples["relabelled"]))]
+                  if diff.relabelled is not None else []),  # multi-label: same file name, other classes
                 ("classes added", len(added), _names(added[:EXAMPLES])),
                 ("classes removed", len(removed), _names(removed[:EXAMPLES])),
             ])]
-        now_split, old_split = _per_split(self.scan.counts), _per_split(old.counts)
+        now_split, old_split = self.scan.records, old.records
         splits = self.splits + sorted(set(old_split) - set(self.splits))
         rows: list[tuple[Cell, ...]] = [(s, old_split[s], now_split[s], f"{now_split[s] - old_split[s]:+,}")
                                         for s in splits]
-        rows.append(("total", old.counts.total(), self.scan.counts.total(),
-                     f"{self.scan.counts.total() - old.counts.total():+,}"))
+        rows.append(("total", old_split.total(), now_split.total(), f"{now_split.total() - old_split.total():+,}"))
         self.blocks.append(Table(("split", "previous", "this version", "change"), rows))
         self.build()
 
@@ -204,9 +315,55 @@ class Card:
             ("shard_size_mb", str(params.get("shard_size_mb", ""))),
             ("compression", str(self.m.get("compression", ""))),
             ("source fingerprint", str(self.m.get("source_fingerprint", ""))),
-        ]), Heading("Features"), Table(("key", "dtype", "shape"), [
-            (key, str(spec.get("dtype", "")), str(spec.get("shape", "")))
+        ])]
+        self.images()
+        self.labels()
+        self.blocks += [Heading("Features"), Table(("key", "dtype", "shape"), [
+            (key, str(spec.get("dtype", "")), _shape(spec.get("shape", "")))
             for key, spec in self.m.get("features", {}).items()])]
+
+    def images(self) -> None:
+        """The image options the version was built with (a manifest from before them: images as read)."""
+        image, params = self.m.get("image"), self.m.get("params", {})
+        given = image if isinstance(image, dict) else params
+        o = IMAGE_DEFAULTS | {k: given[k] for k in IMAGE_DEFAULTS if given.get(k) is not None}
+        resize, encoding = str(o["resize"]), str(o["encoding"])
+        sized = resize not in ("none", "") and "x" in resize and ":" not in resize
+        self.blocks.append(Heading("Images", 3))
+        if not isinstance(image, dict) and not any(k in params for k in IMAGE_DEFAULTS):
+            self.blocks.append(Para("The manifest records no image options (a build from before them): images "
+                                    "are as stored (original), at their own size."))
+        self.blocks.append(Table(("option", "value"), [
+            ("resize", _resize(resize)),
+            ("fit", _FITS.get(str(o["fit"]), str(o["fit"])) if sized else f"{o['fit']} (used only with a WxH resize)"),
+            ("upscale", "yes: small images are enlarged" if o["upscale"] else "no: images are never enlarged"),
+            ("encoding", _ENCODINGS.get(encoding, encoding)),
+            ("jpeg_quality", f"{o['jpeg_quality']}" + (" (not used)" if encoding in ("png", "raw") else "")),
+            ("channels", _channels(o["channels"], encoding)),
+            ("filter", str(o["filter"]) + ("" if resize not in ("none", "") else " (not used: no resize)")),
+        ]))
+
+    def labels(self) -> None:
+        """Single- or multi-label, the separator, and the labels.csv metadata columns stored as features."""
+        sep = str(self.m.get("label_separator") or "|")
+        columns = self.m.get("columns") or {}
+        multi = self.separator is not None
+        rows: list[tuple[Cell, ...]] = [
+            ("labels", "multi-label: a record has any number of classes (image/class/label and image/class/text "
+                       "are lists)" if multi else "single-label: one class per record")]
+        if multi or "label_separator" in self.m:
+            rows.append(("label separator", repr(sep)))
+        self.blocks += [Heading("Labels", 3), Table(("option", "value"), rows), Heading("Metadata columns", 3)]
+        if not columns:
+            self.blocks.append(Para("No metadata columns: the records hold no labels.csv columns."))
+            return
+        features = self.m.get("features", {})
+        self.blocks += [Para(f"labels.csv columns stored in each record, under the column's name; list types "
+                             f"split a cell on {sep!r}, an empty cell is an empty list."),
+                        Table(("column", "type", "dtype", "shape"), [
+                            (str(name), str(kind), str(features.get(name, {}).get("dtype", "")),
+                             _shape(features.get(name, {}).get("shape", "")))
+                            for name, kind in columns.items()])]
 
 
 def split_names(manifest: dict[str, Any]) -> list[str]:
@@ -220,17 +377,27 @@ def build_card(manifest: dict, labels: Callable[[], Iterable[dict[str, str]]],
                fetch_image: Callable[[dict[str, str]], bytes | None]) -> dict[str, bytes]:
     """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``."""
     picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
-    scan = LabelScan.of(labels(), picker, hashes=previous is not None)
+    separator = separator_of(manifest)
+    old_separator = separator_of(previous.manifest) if previous is not None else None
+    relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
+    few = len(manifest.get("classes", [])) <= PAIR_CLASSES
+    scan = LabelScan.of(labels(), picker, hashes=previous is not None, separator=separator,
+                        pairs=separator is not None and few, labelsets=relabels)
+    if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
+        scan.count_pairs(labels(), separator, PAIR_CLASSES)
     card = Card(manifest, split_names(manifest), scan)
     card.header()
     card.records()
+    if separator is not None:
+        card.label_sets()
+        card.cooccurrence()
     card.samples(picker, fetch_image)
     card.rejects(*scan_rejects(rejects()))
     card.shards()
     if previous is None:
         card.first_version()
     else:
-        old = LabelScan.of(previous.labels(), None, hashes=True)
+        old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
         card.changes(previous.manifest, old, diff_versions(scan, labels, old, previous.labels))
     card.params()
     title = f"Dataset card: {manifest['dataset']} {manifest['version']}"

@@ -1,6 +1,11 @@
 """The dataset card's statistics, gathered in one streaming pass over labels.csv and rejects.csv:
 counts per class and split, the sample records (smallest SHA-256 per class), examples, and the
-diff against the previous version from 8-byte hashes per image."""
+diff against the previous version from 8-byte hashes per image.
+
+Multi-label datasets (labels.csv's ``label`` holds several class names joined by the separator, and
+``label_id`` their ids in the same order) count a record once for each of its classes, and also
+count records per number of classes and per pair of classes (bounded: pairs among at most
+``PAIR_CLASSES`` classes)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import bisect
 import hashlib
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -16,6 +21,19 @@ from typing import Any
 Rows = Callable[[], Iterable[dict[str, str]]]
 SAMPLES = 6
 EXAMPLES, REJECT_EXAMPLES = 10, 20
+PAIR_CLASSES = 1000  # pairs of classes are counted among at most this many classes (<= 499,500 pairs)
+
+
+def row_classes(row: dict[str, str], separator: str | None) -> list[tuple[int, str]]:
+    """A labels.csv row's classes as (id, name), by id. ``separator`` None: single-label (one class, whatever
+    its name holds); otherwise ``label`` and ``label_id`` are split on it (an empty cell: no class)."""
+    if separator is None:
+        return [(int(row["label_id"]), row["label"])]
+    names = row["label"].split(separator) if row["label"] else []
+    ids = row["label_id"].split(separator) if row["label_id"] else []
+    if len(ids) != len(names):
+        raise ValueError(f"labels.csv row {row.get('filename')!r}: {len(names)} labels but {len(ids)} label ids")
+    return sorted(dict(zip(map(int, ids), names, strict=True)).items())
 
 
 class Smallest:
@@ -37,17 +55,20 @@ class SamplePicker:
     def __init__(self, max_classes: int, keep: int) -> None:
         self.max_classes, self.keep = max_classes, keep
         self.by_class: dict[int, Smallest] = {}
+        self.names: dict[int, str] = {}  # class id -> name, for the classes in by_class
         self._worst = -1
 
-    def offer(self, row: dict[str, str]) -> None:
-        cid = int(row["label_id"])
+    def offer(self, row: dict[str, str], cid: int, name: str) -> None:
+        """Offer ``row`` as a sample of class ``cid`` (a multi-label row is offered once for each class)."""
         picks = self.by_class.get(cid)
         if picks is None:
             if len(self.by_class) >= self.max_classes:
                 if cid > self._worst:
                     return
                 del self.by_class[self._worst]
+                del self.names[self._worst]
             picks = self.by_class[cid] = Smallest(self.keep)
+            self.names[cid] = name
             self._worst = max(self.by_class)
         picks.offer((row["sha256"], row["filename"]), row)
 
@@ -56,28 +77,95 @@ def _hash8(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
+def _labelset_hash(filename: str, classes: list[tuple[int, str]]) -> bytes:
+    return _hash8(filename + "\0" + "\0".join(sorted(name for _, name in classes)))
+
+
+def _pairs(counter: Counter[tuple[int, int]], classes: list[tuple[int, str]], keep: Container[int] | None) -> None:
+    """Count each pair (a, b), a < b, of a record's class ids (both in ``keep``, when given)."""
+    ids = [cid for cid, _ in classes if keep is None or cid in keep]
+    for i, a in enumerate(ids):
+        for b in ids[i + 1:]:
+            counter[a, b] += 1
+
+
 @dataclass
 class LabelScan:
-    """One pass over a labels.csv: records per (class, split), and row hashes for the diff."""
+    """One pass over a labels.csv: records per (class, split) and per split, and row hashes for the diff.
 
-    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    Multi-label (``separator`` given): a record counts once for each of its classes in ``counts``; ``sizes``
+    counts records per (number of classes, split) and ``pairs`` records per pair of class ids."""
+
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (class, split) -> records with the class
+    records: Counter[str] = field(default_factory=Counter)  # split -> records
+    ids: dict[str, int] = field(default_factory=dict)  # class name -> id
+    sizes: Counter[tuple[int, str]] = field(default_factory=Counter)  # (classes of a record, split) -> records
+    pairs: Counter[tuple[int, int]] = field(default_factory=Counter)  # (id a, id b), a < b -> records with both
+    pairs_among: int | None = None  # pairs were counted among only this many classes (None: all)
     names: bytearray = field(default_factory=bytearray)  # 8-byte hash of each filename
     contents: bytearray = field(default_factory=bytearray)  # 8-byte hash of each (filename, sha256)
+    labelsets: bytearray = field(default_factory=bytearray)  # 8-byte hash of each (filename, class names)
+    hashed_labelsets: bool = False
 
     @classmethod
-    def of(cls, rows: Iterable[dict[str, str]], picker: SamplePicker | None, hashes: bool) -> LabelScan:
-        scan = cls()
+    def of(cls, rows: Iterable[dict[str, str]], picker: SamplePicker | None, hashes: bool,
+           separator: str | None = None, pairs: bool = False, labelsets: bool = False) -> LabelScan:
+        """``separator``: multi-label rows (None: single-label); ``pairs``: count pairs of classes (multi-label);
+        ``labelsets``: with ``hashes``, also hash each record's classes (to find relabelled images)."""
+        scan = cls(hashed_labelsets=hashes and labelsets)
         for row in rows:
-            scan.counts[row["label"], row["split"]] += 1
-            if picker is not None:
-                picker.offer(row)
+            split = row["split"]
+            classes = row_classes(row, separator)
+            scan.records[split] += 1
+            for cid, name in classes:
+                scan.counts[name, split] += 1
+                scan.ids.setdefault(name, cid)
+                if picker is not None:
+                    picker.offer(row, cid, name)
+            if separator is not None:
+                scan.sizes[len(classes), split] += 1
+                if pairs:
+                    _pairs(scan.pairs, classes, None)
             if hashes:
                 scan.names += _hash8(row["filename"])
                 scan.contents += _hash8(row["filename"] + "\0" + row["sha256"])
+                if labelsets:
+                    scan.labelsets += _labelset_hash(row["filename"], classes)
         return scan
 
     def classes(self) -> set[str]:
         return {name for name, _ in self.counts}
+
+    def class_totals(self) -> Counter[str]:
+        """Records per class, all splits together."""
+        out: Counter[str] = Counter()
+        for (name, _), n in self.counts.items():
+            out[name] += n
+        return out
+
+    def count_pairs(self, rows: Iterable[dict[str, str]], separator: str, limit: int = PAIR_CLASSES) -> None:
+        """Count the pairs of classes among the ``limit`` classes with the most records (ties: smaller id),
+        in a second pass over the rows: the memory stays bounded by ``limit`` squared whatever the classes."""
+        totals = self.class_totals()
+        ranked = sorted(totals, key=lambda name: (-totals[name], self.ids[name], name))
+        if len(ranked) <= limit:
+            keep: set[int] | None = None
+        else:
+            keep, self.pairs_among = {self.ids[name] for name in ranked[:limit]}, limit
+        self.pairs = Counter()
+        for row in rows:
+            _pairs(self.pairs, row_classes(row, separator), keep)
+
+    def rarest_left_out(self) -> int:
+        """With pairs counted among some classes only: the most records a pair with another class can have."""
+        if self.pairs_among is None:
+            return 0
+        totals = sorted(self.class_totals().values(), reverse=True)
+        return totals[self.pairs_among] if len(totals) > self.pairs_among else 0
+
+    def top_pairs(self, k: int) -> list[tuple[int, int, int]]:
+        """The ``k`` pairs (id a, id b, records) found together on the most records (ties: by ids)."""
+        return [(a, b, n) for (a, b), n in heapq.nsmallest(k, self.pairs.items(), key=lambda x: (-x[1], x[0]))]
 
 
 def _isin(values: Any, sorted_ref: Any) -> Any:
@@ -117,10 +205,12 @@ class Diff:
     removed: int
     changed: int
     examples: dict[str, list[str]]
+    relabelled: int | None = None  # same filename, other classes (None: not compared)
 
 
 def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previous_labels: Rows) -> Diff:
-    """Images added, removed and changed (same filename, new sha256), with the smallest example names."""
+    """Images added, removed and changed (same filename, new sha256), with the smallest example names; when
+    both scans hashed their label sets, also relabelled (same filename, other classes)."""
     import numpy as np
 
     names, contents = (np.frombuffer(b, dtype="<u8") for b in (current.names, current.contents))
@@ -129,9 +219,15 @@ def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previou
     added = np.sort(names[~known])
     changed = np.sort(names[known & ~_isin(contents, np.sort(old_contents))])
     removed = np.sort(old_names[~_isin(old_names, np.sort(names))])
-    examples = _examples(labels(), {"added": added, "changed": changed})
+    targets = {"added": added, "changed": changed}
+    relabelled = None
+    if current.hashed_labelsets and previous.hashed_labelsets:
+        sets, old_sets = (np.frombuffer(b, dtype="<u8") for b in (current.labelsets, previous.labelsets))
+        targets["relabelled"] = np.sort(names[known & ~_isin(sets, np.sort(old_sets))])
+        relabelled = len(targets["relabelled"])
+    examples = _examples(labels(), targets)
     examples |= _examples(previous_labels(), {"removed": removed})
-    return Diff(len(added), len(removed), len(changed), examples)
+    return Diff(len(added), len(removed), len(changed), examples, relabelled)
 
 
 def scan_rejects(rows: Iterable[dict[str, str]]) -> tuple[Counter[str], list[tuple[str, str, str]]]:
