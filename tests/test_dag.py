@@ -102,7 +102,11 @@ def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
     assert dag_info["params"]["compression"]["schema"]["enum"] == ["none", "gzip"]
     for name, param in dag_info["params"].items():
         assert param["schema"].get("title") and param["description"], name
-        assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build", "Bad input"), name
+        assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build", "Bad input",
+                                                  "Images and features"), name
+    images = {"resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator"}
+    assert {n for n, p in dag_info["params"].items() if p["schema"].get("section") == "Images and features"} == images
+    assert (params["resize"], params["encoding"], params["channels"], params["columns"]) == ("none", "original", 0, {})
     assert (params["max_file_mb"], params["max_pixels"]) == (256, 89_478_485)
     assert (params["chunk_files"], params["chunk_mb"]) == (2000, 1000.0)
     cfg = BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force", "full_rebuild")},

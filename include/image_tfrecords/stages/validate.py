@@ -93,7 +93,7 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
             yield number, record
 
     schema = staged_schema(cfg, storage)
-    check = partial(record_facts, schema, shard)
+    check = partial(record_facts, schema, shard, headers=not cfg.image_options.is_default)
     try:
         with storage.open_read(uri) as stream:
             raw = HashingReader(stream)
@@ -134,12 +134,12 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
 ImageFacts = tuple[str, int, str, tuple[int, int] | None]  # sha256, length, format found, header size
 
 
-def _image_facts(image: bytes, raw: bool) -> ImageFacts:
-    """What the checks need of a record's image: its SHA-256 and length, and (encoded images) the format
-    and size its header gives (Pillow opens the header only; the pixels were decoded when it was made)."""
+def _image_facts(image: bytes, raw: bool, headers: bool) -> ImageFacts:
+    """What the checks need of a record's image: its SHA-256 and length, and with ``headers`` (a build whose
+    options make images) the format and size its header gives (Pillow reads the header only)."""
     sha = hashlib.sha256(image).hexdigest()
-    if raw:
-        return sha, len(image), "raw", None
+    if raw or not headers:
+        return sha, len(image), "raw" if raw else "", None
     from PIL import Image
 
     try:
@@ -149,8 +149,8 @@ def _image_facts(image: bytes, raw: bool) -> ImageFacts:
         return sha, len(image), "", None
 
 
-def record_facts(schema: RecordSchema, shard: str, item: tuple[int, bytes]) -> tuple[int, str, dict[str, Any],
-                                                                                   ImageFacts]:
+def record_facts(schema: RecordSchema, shard: str, item: tuple[int, bytes], headers: bool = False
+                 ) -> tuple[int, str, dict[str, Any], ImageFacts]:
     """Parse record ``item = (index, bytes)`` of ``shard`` and check it has ``schema``'s features: ``(index,
     file name, its feature values but the image, the image's facts)``. Needs nothing but the record, so it
     runs anywhere."""
@@ -173,7 +173,7 @@ def record_facts(schema: RecordSchema, shard: str, item: tuple[int, bytes]) -> t
     image = example[schema.image_key][0]
     values = {key: example[key][0] if spec[key]["shape"] == [] else example[key] for key in spec
               if key != schema.image_key}
-    return number, name, values, _image_facts(image, schema.raw)  # type: ignore[arg-type]
+    return number, name, values, _image_facts(image, schema.raw, headers)  # type: ignore[arg-type]
 
 
 def _float32(value: Any) -> Any:
