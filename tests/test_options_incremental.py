@@ -1,0 +1,67 @@
+"""Image options and metadata columns across nightly builds: changing an option rewrites every shard,
+keeping them reuses the shards of the night before; a changed metadata value rewrites its record."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from image_tfrecords import cli
+from image_tfrecords.example import decode_example
+from image_tfrecords.sample import make_sample
+from image_tfrecords.tfrecord import read_records
+
+
+def _build(source: Path, dest: Path, version: str, *flags: str) -> dict[str, Any]:
+    code = cli.main(["build", "--source", str(source), "--destination", str(dest), "--dataset", "d",
+                     "--version", version, "--workers", "1", "--no-progress", "--shard-size-mb", "0.02", *flags])
+    assert code == 0
+    return json.loads((dest / "d" / version / "manifest.json").read_text())
+
+
+def _labels_file(source: Path, weights: dict[str, str]) -> None:
+    with open(source / "labels.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["filename", "label", "weight"])
+        for name, weight in sorted(weights.items()):
+            writer.writerow([name, name.split("/")[0], weight])
+
+
+def test_options_decide_shard_reuse_and_metadata_changes_rewrite(tmp_path: Path) -> None:
+    source, dest = tmp_path / "src", tmp_path / "out"
+    make_sample(str(source), per_class=8, seed=3)
+    names = sorted(str(p.relative_to(source)) for p in source.rglob("*.*"))
+    weights = {name: str(i / 4) for i, name in enumerate(names)}
+    _labels_file(source, weights)
+    first = _build(source, dest, "v1", "--columns", "weight=float")
+    assert first["columns"] == {"weight": "float"} and first["features"]["weight"] == {"dtype": "float", "shape": []}
+    assert first["image"]["resize"] == "none" and first["build"]["mode"] == "full"
+
+    resized = _build(source, dest, "v2", "--columns", "weight=float", "--resize", "longest:16", "--force")
+    assert resized["build"]["mode"] == "full"
+    assert "image options changed" in resized["build"]["full_because"]
+    assert resized["params"]["resize"] == "longest:16"
+
+    again = _build(source, dest, "v3", "--columns", "weight=float", "--resize", "longest:16", "--force")
+    assert again["build"]["mode"] == "incremental"
+    assert again["build"]["shards_reused"] == sum(len(s["shards"]) for s in again["splits"].values())
+    shas = {s["file"]: s["sha256"] for split in resized["splits"].values() for s in split["shards"]}
+    assert {s["file"]: s["sha256"] for split in again["splits"].values() for s in split["shards"]} == shas
+
+    changed = names[0]
+    _labels_file(source, {**weights, changed: "99.5"})
+    night = _build(source, dest, "v4", "--columns", "weight=float", "--resize", "longest:16")
+    assert night["build"]["mode"] == "incremental"
+    assert night["build"]["shards_rewritten"] + night["build"]["shards_written"] >= 1
+    with open(dest / "d" / "v4" / "labels.csv", newline="") as f:
+        rows = {r["filename"]: r for r in csv.DictReader(f)}
+    assert rows[changed]["weight"] == "99.5"
+    assert "resize" in rows[changed]["transform"].split("+") and rows[changed]["encoded_sha256"] == ""
+    shard = dest / "d" / "v4" / rows[changed]["shard"]
+    with open(shard, "rb") as f:
+        records = [decode_example(r) for r in read_records(f, "none")]
+    mine = [r for r in records if r["image/filename"] == [changed.encode()]]
+    assert len(mine) == 1 and mine[0]["weight"] == [99.5]
+    assert max(mine[0]["image/width"][0], mine[0]["image/height"][0]) == 16
