@@ -31,7 +31,8 @@ from .storage import FileInfo, Storage, StorageError, is_s3, join
 LABELS_FILE = "labels.csv"
 MAX_CSV_FIELD = 1 << 20  # a labels.csv field longer than this makes its row a reject (bad_row)
 DISCOVERED_FIELDS = ("filename", "label", "num_bytes", "stamp")  # discovered.csv: the candidates to inspect
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"})
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff",
+                              ".heic", ".heif", ".hif", ".avif", ".jxl"})
 
 
 @dataclass(frozen=True)

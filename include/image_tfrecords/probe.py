@@ -15,9 +15,20 @@ H x W x C image):
   PNG lossless); width and height are the upright ones; other values (0, 9, 65535, unreadable EXIF)
   count as upright, as decoders treat them;
 - GIF, BMP, WebP, TIFF with a single frame: converted losslessly to PNG;
-- animations and multi-page files (GIF, WebP, APNG, TIFF): rejected (``multi_frame``), since
-  picking one frame would silently drop the rest; decided from the first two frames only, never by
-  counting them all (a 100k-page TIFF costs what a 2-page one does);
+- HEIF/HEIC, AVIF (what phones write) and JPEG XL: fully decoded, made upright, converted losslessly
+  to PNG, like GIF/BMP/WebP (their decoders are registered on first use, see ``formats``; a missing
+  one makes them ``unsupported_format``). Orientation is the container's, as the formats define it:
+  HEIF's irot/imir are applied by libheif (the EXIF tag, which HEIF says to ignore, is reset to 1);
+  AVIF's irot/imir become the EXIF orientation Pillow reports and are applied like a JPEG's; a JPEG XL
+  codestream's orientation is applied by libjxl, or, for a JPEG stored losslessly in JPEG XL (decoded
+  back to that JPEG), set as its EXIF orientation;
+- animations and multi-page files (GIF, WebP, APNG, TIFF, AVIF sequences, animated JPEG XL):
+  rejected (``multi_frame``), since picking one frame would silently drop the rest; decided from the
+  first two frames only, never by counting them all (a 100k-page TIFF costs what a 2-page one does);
+  a JPEG XL's animation flag is read from its header before anything is decoded;
+- a HEIF with several images (bursts, collections, a still beside an image sequence): like an MPO,
+  the primary image, the one phones and viewers show, is stored; a HEIF with only an image sequence
+  (no still image) is an animation (``multi_frame``);
 - a JPEG with secondary images (MPO: what phones and cameras write for depth maps, gain maps,
   previews; Pillow sees frames): the primary image is what every decoder shows, so it is stored as is;
 - a JPEG with more than ``MAX_JPEG_SCANS`` scans: rejected (``too_complex``) before decoding; real
@@ -32,6 +43,7 @@ H x W x C image):
 Memory per image is bounded: the pixel count is checked before any decoding (``max_pixels``), JPEGs
 are decoded at 1/8 scale, and PNGs (interlaced or not) are checked by streaming their image data
 through inflate 1 MB at a time, never holding their pixels. Only transcoding decodes full pixels.
+(The JPEG XL decoder decodes on open, so a JPEG XL's size is read from its header first.)
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import RejectedImage
+from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
 from .png_stream import check_png_stream
 
@@ -66,10 +79,47 @@ class ImageFacts:
     width: int  # of the stored image, upright
     height: int
     channels: int  # as tf.io.decode_image returns them
-    source_format: str  # what the source bytes are: jpeg, png, gif, bmp, webp, tiff
+    source_format: str  # what the source bytes are: jpeg, png, gif, bmp, webp, tiff, heif, avif, jxl
     transform: str = ""  # "" (stored as is) or what was done: to_png, cmyk_to_rgb, exif_rotate
     encoded_sha256: str = ""  # of the stored bytes (the source's when stored as is)
     encoded_bytes: int = 0
+
+
+# ISO-BMFF ``ftyp`` brands (ISO/IEC 23008-12, AV1 Image File Format): coding brands, then the generic
+# still-image and image-sequence brands, whose compatible brands say the codec.
+_HEIF_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs"})
+_AVIF_BRANDS = frozenset({b"avif", b"avis"})
+_GENERIC_BRANDS = frozenset({b"mif1", b"msf1"})
+_MAX_BRANDS = 64  # compatible brands looked at
+
+
+def _bmff_format(data: bytes) -> str | None:
+    """heif or avif from an ISO-BMFF file's ``ftyp`` box (None for other ISO-BMFF files: MP4, CR3...)."""
+    major = data[8:12]
+    if major in _AVIF_BRANDS:
+        return "avif"
+    if major in _HEIF_BRANDS:
+        return "heif"
+    if major not in _GENERIC_BRANDS:
+        return None
+    end = min(int.from_bytes(data[:4], "big"), len(data), 16 + 4 * _MAX_BRANDS)
+    compatible = {data[i:i + 4] for i in range(16, end - 3, 4)}
+    return "avif" if compatible & _AVIF_BRANDS else "heif"
+
+
+def _top_level_boxes(data: bytes, limit: int = 64) -> list[bytes]:
+    """The types of an ISO-BMFF file's first top-level boxes."""
+    kinds: list[bytes] = []
+    pos = 0
+    while pos + 8 <= len(data) and len(kinds) < limit:
+        size = int.from_bytes(data[pos:pos + 4], "big")
+        kinds.append(data[pos + 4:pos + 8])
+        if size == 1 and pos + 16 <= len(data):
+            size = int.from_bytes(data[pos + 8:pos + 16], "big")
+        if size == 0 or size < 8:
+            break
+        pos += size
+    return kinds
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -86,20 +136,51 @@ def sniff_format(data: bytes) -> str | None:
         return "webp"
     if data[:4] in (b"II*\x00", b"MM\x00*"):
         return "tiff"
+    if data[4:8] == b"ftyp":
+        return _bmff_format(data)
+    if data[:2] == JXL_CODESTREAM or data[:12] == JXL_CONTAINER:
+        return "jxl"
     return None
 
 
-def _open(data: bytes, fmt: str, max_pixels: int) -> Any:
-    """Open lazily (header only) and check the pixel count before anything is decoded."""
-    from PIL import Image
-
-    Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked here before decoding
-    image = Image.open(io.BytesIO(jpeg_for_pillow(data) if fmt == "jpeg" else data), formats=[fmt.upper()])
-    width, height = image.size
+def _check_size(width: int, height: int, max_pixels: int) -> None:
     if width <= 0 or height <= 0:
         raise RejectedImage("corrupt", f"bad dimensions {width}x{height}")
     if width * height > max_pixels:
         raise RejectedImage("too_many_pixels", f"{width}x{height} exceeds {max_pixels} pixels")
+
+
+def _open(data: bytes, fmt: str, max_pixels: int) -> Any:
+    """Open lazily (header only) and check the pixel count before anything is decoded.
+
+    HEIF, AVIF and JPEG XL get their decoder registered on first use (``unsupported_format`` if it is
+    missing). A JPEG XL is decoded on open, so its header is read first: size and animation flag are
+    checked before, and its codestream orientation is made the one ``_orientation`` sees after."""
+    from PIL import Image
+
+    problem = decoder_problem(fmt)
+    if problem:
+        raise RejectedImage("unsupported_format", problem)
+    jxl = None
+    if fmt == "jxl":
+        try:
+            jxl = jxl_header(data)
+        except ValueError as exc:
+            raise RejectedImage("corrupt", str(exc)) from None
+        _check_size(jxl.width, jxl.height, max_pixels)
+        if jxl.animated:
+            raise RejectedImage("multi_frame", "animated jxl")
+    Image.MAX_IMAGE_PIXELS = None  # the limit is max_pixels, checked here before decoding
+    try:
+        image = Image.open(io.BytesIO(jpeg_for_pillow(data) if fmt == "jpeg" else data),
+                           formats=[PILLOW_FORMAT.get(fmt, fmt.upper())])
+    except Exception:
+        if fmt == "heif" and b"moov" in _top_level_boxes(data) and b"meta" not in _top_level_boxes(data):
+            raise RejectedImage("multi_frame", "heif image sequence without a still image") from None
+        raise
+    _check_size(*image.size, max_pixels)
+    if jxl is not None:
+        _set_orientation(image, jxl.orientation if getattr(image, "jpeg", False) else 1)
     return image
 
 
@@ -112,8 +193,9 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
     try:
         image = _open(data, fmt, max_pixels)
         size = image.size  # before draft mode shrinks it
-        # is_animated looks at the second frame only, never counts them all; an MPO's frames are not pages
-        if fmt != "jpeg" and getattr(image, "is_animated", False):
+        # is_animated looks at the second frame only, never counts them all; an MPO's frames are not pages,
+        # nor are a HEIF's images (the primary one is open)
+        if fmt not in ("jpeg", "heif") and getattr(image, "is_animated", False):
             raise RejectedImage("multi_frame", f"{fmt} with more than one frame")
         if fmt == "png":
             check_png_stream(data)
@@ -125,7 +207,14 @@ def _decode_checked(data: bytes, fmt: str, max_pixels: int) -> tuple[Any, tuple[
     except RejectedImage:
         raise
     except Exception as exc:  # Pillow raises many types for broken data
-        raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
+        raise RejectedImage("corrupt", _failure(fmt, exc)) from exc
+
+
+def _failure(fmt: str, exc: Exception) -> str:
+    """One line saying why a decoder failed (libjxl's binding says only "Generic Error" and how to debug it)."""
+    if fmt == "jxl" and isinstance(exc, RuntimeError):
+        return "RuntimeError: libjxl cannot decode it (truncated or corrupt)"
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _channels(fmt: str, image: Any) -> int:
@@ -141,6 +230,16 @@ def _orientation(image: Any) -> int:
     except Exception:  # unreadable EXIF: treat as upright
         return 1
     return value if 1 <= value <= 8 else 1
+
+
+def _set_orientation(image: Any, orientation: int) -> None:
+    """Make ``orientation`` the EXIF orientation that ``_orientation`` and ``ImageOps.exif_transpose`` see.
+
+    For JPEG XL: libjxl applies the codestream orientation to the pixels it decodes (so 1 is left),
+    while a JPEG stored losslessly in JPEG XL comes back as that JPEG, not yet rotated."""
+    exif = image.getexif()  # cached on the image: later getexif() calls return this object
+    if exif.get(_ORIENTATION, 1) != orientation:
+        exif[_ORIENTATION] = orientation
 
 
 def _encode(image: Any, fmt: str) -> bytes:
@@ -165,7 +264,7 @@ def _needs_transcoding(data: bytes, fmt: str, image: Any) -> bool:
 def _transcode(data: bytes, fmt: str, max_pixels: int, decoded: Any = None) -> tuple[str, str, bytes]:
     """(stored format, transform, stored bytes) for an image that ``_needs_transcoding``.
 
-    ``decoded``: the fully decoded image of a GIF/BMP/WebP/TIFF, reused rather than decoded twice
+    ``decoded``: the fully decoded image of a GIF/BMP/WebP/TIFF/HEIF/AVIF/JPEG XL, reused rather than decoded twice
     (JPEGs were checked at 1/8 scale and PNGs without pixels, so those are opened again)."""
     from PIL import ImageOps
 
@@ -206,7 +305,7 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
         except RejectedImage:
             raise
         except Exception as exc:
-            raise RejectedImage("corrupt", f"{type(exc).__name__}: {exc}") from exc
+            raise RejectedImage("corrupt", _failure(fmt, exc)) from exc
         image = None  # free the decoded pixels before the stored bytes are checked
         image, size = _decode_checked(encoded, stored_format, max_pixels)
     channels = _channels(stored_format, image)
