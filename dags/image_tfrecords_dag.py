@@ -84,7 +84,8 @@ RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELA
 STAGING_GRACE_HOURS = float(os.environ.get("IMAGE_TFRECORDS_STAGING_GRACE_HOURS", "24"))
 
 IMAGES = "Images and features"  # the trigger form's section of the image options
-IMAGE_PARAMS = ("resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator")
+IMAGE_PARAMS = ("resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator",
+                "modern_formats")
 
 PARAMS = {
     "source": Param(DEFAULT_SOURCE, type="string", minLength=1, section="Input", title="Source",
@@ -154,6 +155,9 @@ PARAMS = {
                              title="Label separator",
                              description="Separates the classes of a labels.csv 'labels' column (several "
                                          "classes per image) and the items of list columns."),
+    "modern_formats": Param(True, type="boolean", section="Input", title="HEIC, AVIF and JPEG XL",
+                            description="Decode HEIC/HEIF, AVIF and JPEG XL photos (stored as lossless PNG or "
+                                        "the chosen encoding); off: their files are skipped and counted."),
     "version": Param(None, type=["null", "string"], section="Output", title="Version (optional)",
                      description="Override the version name; empty means the run's logical date."),
 }

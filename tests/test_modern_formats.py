@@ -339,3 +339,27 @@ def test_cli_builds_phone_formats_and_tensorflow_reads_them(tmp_path: Path) -> N
                           np.asarray(photo())), "a lossless JPEG XL is stored pixel for pixel"
     assert _mean_diff(tf.io.decode_image(records["phone/burst.heic"]["image/encoded"]).numpy(),
                       np.asarray(photo(size=(30, 20), seed=3))) < 16, "the primary image of the burst"
+
+
+def test_modern_formats_off_skips_their_names_and_rejects_their_bytes(tmp_path: Path) -> None:
+    import json
+
+    source = tmp_path / "src"
+    (source / "phone").mkdir(parents=True)
+    (source / "phone" / "a.heic").write_bytes(heic())
+    (source / "phone" / "b.AVIF").write_bytes(avif())
+    (source / "phone" / "disguised.jpg").write_bytes(heic(photo(seed=3)))
+    (source / "phone" / "photo.jpg").write_bytes(encode(photo(seed=7), "JPEG", quality=90))
+    result = subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--source", str(source),
+                             "--destination", str(tmp_path / "out"), "--dataset", "d", "--version", "v1",
+                             "--max-reject-fraction", "1", "--workers", "1", "--no-modern-formats"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    version = tmp_path / "out" / "d" / "v1"
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert manifest["skipped_by_kind"] == {"modern_format_off": 2}
+    assert manifest["params"]["modern_formats"] is False and manifest["num_records"] == 1
+    with open(version / "rejects.csv", newline="") as f:
+        rejects = list(csv.DictReader(f))
+    assert [(r["filename"], r["reason"]) for r in rejects] == [("phone/disguised.jpg", "unsupported_format")]
+    assert "turned off" in rejects[0]["detail"]

@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     images.add_argument("--columns", default="",
                         help="labels.csv columns to store as features, NAME=TYPE,... (types: string, int64, float, "
                              "string_list, int64_list, float_list) or a JSON object")
+    images.add_argument("--no-modern-formats", dest="modern_formats", action="store_false",
+                        help="skip .heic/.heif/.hif/.avif/.jxl files (counted) and reject such bytes under other "
+                             "names, instead of decoding them")
     images.add_argument("--label-separator", default=DEFAULT_SEPARATOR,
                         help="separates the classes of a labels.csv 'labels' column and the items of list columns "
                              "(default: |)")
@@ -312,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           chunk_files=args.chunk_files, chunk_mb=args.chunk_mb, resize=args.resize,
                           fit=args.fit, upscale=args.upscale, encoding=args.encoding,
                           jpeg_quality=args.jpeg_quality, channels=args.channels,
-                          columns=parse_columns(args.columns), label_separator=args.label_separator)
+                          columns=parse_columns(args.columns), label_separator=args.label_separator,
+                          modern_formats=args.modern_formats)
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         started = time.perf_counter()

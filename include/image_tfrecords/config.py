@@ -111,12 +111,15 @@ class BuildConfig:
     # multi-label ``labels`` column and of list columns
     columns: dict[str, str] = field(default_factory=dict)
     label_separator: str = DEFAULT_SEPARATOR
+    modern_formats: bool = True  # HEIC/HEIF, AVIF, JPEG XL: decoded (True) or skipped by name, rejected by bytes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "resize", str(parse_resize(self.resize)))
         check_options(self.image_options)
         object.__setattr__(self, "columns", check_columns(self.columns))
         check_separator(self.label_separator)
+        if not isinstance(self.modern_formats, bool):
+            raise ConfigError(f"modern_formats must be true or false, not {self.modern_formats!r}")
         object.__setattr__(self, "splits", check_splits(self.splits))
         for what in ("source", "destination"):
             check_location(what, getattr(self, what))

@@ -31,6 +31,7 @@ from .storage import FileInfo, Storage, StorageError, is_s3, join
 LABELS_FILE = "labels.csv"
 MAX_CSV_FIELD = 1 << 20  # a labels.csv field longer than this makes its row a reject (bad_row)
 DISCOVERED_FIELDS = ("filename", "label", "num_bytes", "stamp")  # discovered.csv: the candidates to inspect
+MODERN_EXTENSIONS = frozenset({".heic", ".heif", ".hif", ".avif", ".jxl"})  # skipped with modern_formats off
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff",
                               ".heic", ".heif", ".hif", ".avif", ".jxl"})
 
@@ -73,33 +74,44 @@ class DiscoveryCounts:
         self.skipped_by_kind[kind] += 1
 
 
-def looks_like_image(filename: str) -> bool:
-    """True for names with an image extension (any case), not hidden and not in a hidden folder."""
+def looks_like_image(filename: str, modern: bool = True) -> bool:
+    """True for names with an image extension (any case), not hidden and not in a hidden folder; with
+    ``modern`` False, HEIC/HEIF, AVIF and JPEG XL names are not images."""
     if any(part.startswith(".") for part in filename.split("/")):
         return False
-    return posixpath.splitext(filename)[1].lower() in IMAGE_EXTENSIONS
+    extension = posixpath.splitext(filename)[1].lower()
+    return extension in IMAGE_EXTENSIONS and (modern or extension not in MODERN_EXTENSIONS)
+
+
+def _skip_kind(filename: str) -> str:
+    """How a file that is not taken as an image is counted."""
+    if posixpath.splitext(filename)[1].lower() in MODERN_EXTENSIONS and looks_like_image(filename):
+        return "modern_format_off"
+    return "not_an_image_name"
 
 
 def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None,
              cutoff: datetime | None = None, columns: dict[str, str] | None = None,
-             separator: str = DEFAULT_SEPARATOR) -> Iterator[Candidate]:
+             separator: str = DEFAULT_SEPARATOR, modern_formats: bool = True) -> Iterator[Candidate]:
     """Yield every candidate under ``source`` in a stable order; fill ``counts`` as it goes.
 
     With a ``cutoff``, files modified after it are ignored (counted in ``after_cutoff``): the source
     as it was at that time, for scheduled runs and backfills. ``columns``: labels.csv columns to keep
     as features (``metadata``), checked per row; a ``labels`` column makes the rows multi-label (class
     names split on ``separator``, the candidate's label is the sorted set joined by it).
+    ``modern_formats`` False skips HEIC/HEIF, AVIF and JPEG XL names (counted as ``modern_format_off``).
     """
     counts = counts if counts is not None else DiscoveryCounts()
     labels_uri = join(source, LABELS_FILE)
     if _has_labels_file(storage, source, labels_uri):
         counts.layout = "labels.csv"
-        yield from _from_labels_file(storage, source, labels_uri, counts, cutoff, columns or {}, separator)
+        yield from _from_labels_file(storage, source, labels_uri, counts, cutoff, columns or {}, separator,
+                                     modern_formats)
     else:
         if columns:
             raise BuildError(f"columns {', '.join(columns)} are read from a labels.csv, and {source} has none "
                              "(it is read as one folder per class)")
-        yield from _from_folders(storage, source, counts, cutoff)
+        yield from _from_folders(storage, source, counts, cutoff, modern_formats)
 
 
 def _has_labels_file(storage: Storage, source: str, labels_uri: str) -> bool:
@@ -152,12 +164,12 @@ def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: dat
 
 
 def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,
-                  cutoff: datetime | None) -> Iterator[Candidate]:
+                  cutoff: datetime | None, modern: bool) -> Iterator[Candidate]:
     for info in _entries(storage, source, counts, cutoff):
         if isinstance(info, Candidate):
             yield info
-        elif not looks_like_image(info.key):
-            counts.skip("not_an_image_name")
+        elif not looks_like_image(info.key, modern):
+            counts.skip(_skip_kind(info.key))
         elif "/" not in info.key:
             yield Candidate(info.key, num_bytes=info.size, reason="no_label",
                             detail="image in the source root: put it in a class folder")
@@ -187,7 +199,8 @@ def _metadata(row: dict[str, str], columns: dict[str, str], separator: str) -> t
 
 
 def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: DiscoveryCounts,
-                      cutoff: datetime | None, columns: dict[str, str], separator: str) -> Iterator[Candidate]:
+                      cutoff: datetime | None, columns: dict[str, str], separator: str,
+                      modern: bool) -> Iterator[Candidate]:
     sizes, stamps = {}, {}
     for info in _entries(storage, source, counts, cutoff):
         if isinstance(info, Candidate):
@@ -225,6 +238,9 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
                 yield Candidate(raw, reason="bad_path", detail="path is empty, absolute or outside the source")
             elif filename in seen:
                 yield Candidate(filename, reason="duplicate_row", detail=f"listed more than once in {LABELS_FILE}")
+            elif not modern and not looks_like_image(filename, modern) and looks_like_image(filename):
+                seen.add(filename)
+                counts.skip("modern_format_off")
             elif filename not in sizes:
                 yield Candidate(filename, reason="missing_file", detail=f"listed in {LABELS_FILE} but not found")
             else:
@@ -240,10 +256,10 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
     for filename, size in sizes.items():
         if filename == LABELS_FILE or filename in seen:
             continue
-        if looks_like_image(filename):
+        if looks_like_image(filename, modern):
             yield Candidate(filename, num_bytes=size, reason="no_label", detail=f"not listed in {LABELS_FILE}")
         else:
-            counts.skip("not_an_image_name")
+            counts.skip(_skip_kind(filename))
 
 
 @contextmanager

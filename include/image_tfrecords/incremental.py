@@ -74,6 +74,8 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
     params = base.manifest.get("params", {})
     if (params.get("max_file_mb"), params.get("max_pixels")) != (cfg.max_file_mb, cfg.max_pixels):
         return "max_file_mb or max_pixels changed"
+    if params.get("modern_formats", True) != cfg.modern_formats:
+        return "modern_formats changed"
     return ""
 
 

@@ -6,6 +6,10 @@
 local or ``s3://``; ``layout`` finds the version and its manifest. S3 shards are fetched into a
 local cache (TensorFlow has no S3 filesystem) and checked against the manifest's SHA-256.
 TensorFlow and pandas are imported inside the functions: importing this module stays cheap.
+
+Every record layout the manifest can describe is read: encoded images (``image/encoded``) or raw
+pixels (``image/raw`` + ``image/shape``), one class id or a variable-length list of them
+(``"multi_label": true``), and labels.csv metadata columns (scalars or variable-length lists).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import atexit
 import io
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -28,11 +33,12 @@ if TYPE_CHECKING:
     import pandas as pd
     import tensorflow as tf
 
-__all__ = ["AUTOTUNE", "NotPublishedError", "ShardChecksumError", "feature_spec", "info", "label_names", "labels",
-           "load_split", "resolve"]
+__all__ = ["AUTOTUNE", "NotPublishedError", "ShardChecksumError", "compression_type", "feature_spec",
+           "image_shape", "info", "label_names", "labels", "load_split", "resolve", "shard_files"]
 
 AUTOTUNE = -1  # tf.data.AUTOTUNE, without importing TensorFlow
 IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"
+RAW_KEY, SHAPE_KEY = "image/raw", "image/shape"  # raw pixels (uint8, row-major H x W x C) and [h, w, c]
 DECODED_KEY = "image"  # the decoded image in ``as_dict`` mode (in place of the encoded bytes)
 SHUFFLE_MEMORY = 256 * 2**20  # shuffle=True: a buffer of as many encoded records as fit in this...
 MIN_SHUFFLE = 1_000  # ...but at least this many (or the whole split)
@@ -80,17 +86,77 @@ def labels(uri: str, storage: Storage | None = None) -> pd.DataFrame:
     return frame.astype(dict.fromkeys(ints, "int64"))
 
 
-def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature]:
-    """``tf.io.parse_single_example`` features for every key the manifest lists."""
+def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature | tf.io.VarLenFeature]:
+    """``tf.io.parse_example`` features for every key the manifest lists.
+
+    A shape ``[]`` is one value (``FixedLenFeature([])``), a fixed shape such as ``image/shape``'s
+    ``[3]`` that many (``FixedLenFeature([3])``), and ``[null]`` any number: ``VarLenFeature``, which
+    parses to a ``tf.SparseTensor``.
+    """
     import tensorflow as tf
 
     dtypes = {"string": tf.string, "int64": tf.int64, "float": tf.float32}
-    spec = {}
+    spec: dict[str, tf.io.FixedLenFeature | tf.io.VarLenFeature] = {}
     for key, feature in manifest["features"].items():
         if feature["dtype"] not in dtypes:
             raise ValueError(f"feature {key!r} has an unknown dtype {feature['dtype']!r}")
-        spec[key] = tf.io.FixedLenFeature(feature.get("shape", []), dtypes[feature["dtype"]])
+        shape = feature.get("shape", [])
+        if not isinstance(shape, list | tuple):
+            raise ValueError(f"feature {key!r} has an invalid shape {shape!r}")
+        shape = list(shape)
+        if None in shape:
+            if shape != [None]:
+                raise ValueError(f"feature {key!r} has a shape {shape!r}: only [null] can be of variable length")
+            spec[key] = tf.io.VarLenFeature(dtypes[feature["dtype"]])
+        elif all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            spec[key] = tf.io.FixedLenFeature(shape, dtypes[feature["dtype"]])
+        else:
+            raise ValueError(f"feature {key!r} has an invalid shape {shape!r}")
     return spec
+
+
+def compression_type(manifest: dict[str, Any]) -> str:
+    """The version's shard compression as ``tf.data.TFRecordDataset``'s ``compression_type``: ``""`` or ``"GZIP"``."""
+    compression = _COMPRESSION.get(manifest.get("compression", "none"))
+    if compression is None:
+        raise ValueError(f"unknown compression {manifest['compression']!r}")
+    return compression
+
+
+def _image_key(manifest: dict[str, Any]) -> str:
+    """``image/encoded``, or ``image/raw`` for a version of raw pixels."""
+    features = manifest["features"]
+    if IMAGE_KEY in features:
+        return IMAGE_KEY
+    if RAW_KEY in features and SHAPE_KEY in features:
+        return RAW_KEY
+    raise ValueError(f"the manifest lists no {IMAGE_KEY} feature (nor {RAW_KEY} and {SHAPE_KEY})")
+
+
+def _is_multi_label(manifest: dict[str, Any]) -> bool:
+    label = manifest["features"].get(LABEL_KEY, {})
+    return bool(manifest.get("multi_label")) or None in label.get("shape", [])
+
+
+def image_shape(manifest: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """``(height, width, channels)`` every stored image of the version has, from the build's image
+    options (the manifest's ``image``); None where they differ from image to image (and all three
+    None for versions built before those options).
+
+    ``resize WxH`` gives exactly H x W with ``fit pad``, or with ``upscale`` (without it, ``crop`` and
+    ``stretch`` never enlarge a smaller image); ``channels`` 1, 3 or 4 converts every image, and raw
+    pixels without it are RGB.
+    """
+    options = manifest.get("image") or {}
+    height = width = channels = None
+    match = re.fullmatch(r"(\d+)x(\d+)", str(options.get("resize", "none")))
+    if match and (options.get("fit", "crop") == "pad" or options.get("upscale") is True):
+        width, height = int(match.group(1)), int(match.group(2))
+    if options.get("channels") in (1, 3, 4):
+        channels = int(options["channels"])
+    elif options and not options.get("channels") and RAW_KEY in manifest.get("features", {}):
+        channels = 3
+    return height, width, channels
 
 
 def _split(manifest: dict[str, Any], split: str) -> dict[str, Any]:
@@ -185,10 +251,33 @@ def _shards(version: str, entries: list[dict[str, Any]], cache_dir: str | None) 
     return out
 
 
+def shard_files(uri: str, split: str, *, cache_dir: str | None = None, verify: bool = True,
+                storage: Storage | None = None) -> list[str]:
+    """Local paths of a split's shards, in manifest order, for readers that take file names
+    (``tf.data.TFRecordDataset``, ``tf.data.experimental.make_batched_features_dataset``).
+
+    Local shards are where they are; ``s3://`` shards are downloaded into ``cache_dir`` (default: a
+    temporary folder of this process) as ``load_split`` does. With ``verify`` each is checked
+    against the manifest's SHA-256 (``ShardChecksumError`` names a mismatch). Read them with
+    ``compression_type(info(uri))``.
+    """
+    storage = storage or Storage()
+    version, manifest = _manifest(uri, storage)
+    paths = []
+    for shard in _shards(version, list(_split(manifest, split)["shards"]), cache_dir):
+        if is_s3(shard.uri):
+            paths.append(_fetch(storage, shard, verify))
+        else:
+            if verify:
+                _check(shard, shard.path)
+            paths.append(shard.path)
+    return paths
+
+
 # -- the dataset ------------------------------------------------------------------------------
 def _options(image_size: tuple[int, int] | None, channels: int | None, batch_size: int | None,
-             shuffle: bool | int, decode: bool) -> int | None:
-    """Check the image and batching options; returns the channel count images are converted to."""
+             shuffle: bool | int, decode: bool, multi_hot: bool | None, as_dict: bool) -> None:
+    """Check the image, label and batching options (before anything is read)."""
     if image_size is not None and not (isinstance(image_size, tuple | list) and len(image_size) == 2
                                        and all(isinstance(s, int) and s > 0 for s in image_size)):
         raise ValueError(f"image_size must be (height, width), two positive ints, not {image_size!r}")
@@ -200,11 +289,26 @@ def _options(image_size: tuple[int, int] | None, channels: int | None, batch_siz
         raise ValueError(f"shuffle must be True, False or a buffer size (an int >= 0), not {shuffle!r}")
     if not decode and (image_size is not None or channels is not None):
         raise ValueError("image_size and channels need decode=True: encoded bytes cannot be resized or converted")
-    if decode and batch_size is not None and image_size is None:
+    if multi_hot not in (None, True, False):
+        raise ValueError(f"multi_hot must be True, False or None (from the manifest), not {multi_hot!r}")
+    if multi_hot is not None and as_dict:
+        raise ValueError("multi_hot applies to (image, label) pairs; with as_dict, image/class/label is the "
+                         "stored class id (a list of ids for a multi-label dataset)")
+
+
+def _image_shape(manifest: dict[str, Any], image_size: tuple[int, int] | None, channels: int | None,
+                 batch_size: int | None, decode: bool) -> tuple[int | None, int | None, int | None]:
+    """The ``(height, width, channels)`` decoded images come out with (None: as stored, differing)."""
+    height, width, stored = image_shape(manifest)
+    if image_size is not None:
+        height, width = image_size
+    if decode and batch_size is not None and (height is None or width is None):
         raise ValueError("batch_size needs image_size: the images of a split have different sizes and a batch is "
                          "one tensor of one shape; pass image_size=(height, width) to resize them all, or batch "
                          "yourself (padded_batch, ragged_batch)")
-    return 3 if channels is None and image_size is not None else channels  # None: as stored
+    if channels is None and (image_size is not None or batch_size is not None):
+        channels = stored or 3  # one channel count to batch: the build's, else RGB
+    return height, width, channels or stored
 
 
 def _shuffle_buffer(shuffle: bool | int, entry: dict[str, Any], count: int) -> int:
@@ -216,64 +320,154 @@ def _shuffle_buffer(shuffle: bool | int, entry: dict[str, Any], count: int) -> i
     return max(1, min(count, max(fit, MIN_SHUFFLE)))
 
 
-def _decoder(channels: int | None, image_size: tuple[int, int] | None) -> Any:
-    """``encoded -> uint8 [height, width, channels]``, converted to ``channels`` and resized to ``image_size``."""
+def _convert_channels(image: tf.Tensor, channels: int) -> tf.Tensor:
+    """``uint8 [h, w, c]`` (c from 1 to 4) to ``channels`` as ``tf.io.decode_image(channels=...)`` converts:
+    grey repeated to RGB, RGB made grey (``tf.image.rgb_to_grayscale``), alpha dropped or added opaque."""
+    import tensorflow as tf
+
+    def grey() -> tf.Tensor:  # from 1 or 2 channels
+        return image[..., :1]
+
+    def rgb_of_grey() -> tf.Tensor:
+        return tf.tile(image[..., :1], [1, 1, 3])
+
+    def rgb() -> tf.Tensor:  # from 3 or 4 channels
+        return image[..., :3]
+
+    def opaque(part: Any) -> Any:
+        return lambda: tf.pad(part(), [[0, 0], [0, 0], [0, 1]], constant_values=255)
+
+    def grey_of_rgb() -> tf.Tensor:
+        return tf.image.rgb_to_grayscale(image[..., :3])
+
+    def with_alpha(part: Any) -> Any:
+        return lambda: tf.concat([part(), image[..., -1:]], -1)
+
+    def same() -> tf.Tensor:
+        return image
+
+    branches = {1: [same, grey, grey_of_rgb, grey_of_rgb],
+                3: [rgb_of_grey, rgb_of_grey, same, rgb],
+                4: [opaque(rgb_of_grey), with_alpha(rgb_of_grey), opaque(rgb), same]}[channels]
+    stored = tf.shape(image, out_type=tf.int32)[-1]
+    check = tf.debugging.assert_equal(tf.logical_and(stored >= 1, stored <= 4), True,
+                                      message="an image/shape whose channel count is not 1 to 4")
+    with tf.control_dependencies([check]):
+        return tf.switch_case(stored - 1, branches)
+
+
+def _decoder(image_key: str, channels: int | None, image_size: tuple[int, int] | None,
+             shape: tuple[int | None, int | None, int | None]) -> Any:
+    """``features -> uint8 [height, width, channels]``: the record's image (encoded, or raw pixels with
+    their ``image/shape``), converted to ``channels`` and resized to ``image_size``; ``shape`` is what
+    the manifest says every output has (None: unknown)."""
     import tensorflow as tf
 
     def decode(encoded: tf.Tensor, c: int) -> tf.Tensor:
         return tf.io.decode_image(encoded, channels=c, dtype=tf.uint8, expand_animations=False)
 
-    def image(encoded: tf.Tensor) -> tf.Tensor:
+    def encoded_image(encoded: tf.Tensor) -> tf.Tensor:
         if channels == 4:  # JPEG has no alpha: decode RGB, add an opaque one
-            out = tf.cond(tf.io.is_jpeg(encoded),
-                          lambda: tf.pad(decode(encoded, 3), [[0, 0], [0, 0], [0, 1]], constant_values=255),
-                          lambda: decode(encoded, 4))
+            return tf.cond(tf.io.is_jpeg(encoded),
+                           lambda: tf.pad(decode(encoded, 3), [[0, 0], [0, 0], [0, 1]], constant_values=255),
+                           lambda: decode(encoded, 4))
+        return decode(encoded, channels or 0)
+
+    def raw_image(raw: tf.Tensor, stored: tf.Tensor) -> tf.Tensor:
+        out = tf.reshape(tf.io.decode_raw(raw, tf.uint8), stored)
+        return out if channels is None else _convert_channels(out, channels)
+
+    def image(features: dict[str, tf.Tensor]) -> tf.Tensor:
+        if image_key == RAW_KEY:
+            out = raw_image(features[RAW_KEY], features[SHAPE_KEY])
         else:
-            out = decode(encoded, channels or 0)
+            out = encoded_image(features[IMAGE_KEY])
         if image_size is not None:
             out = tf.saturate_cast(tf.round(tf.image.resize(out, image_size)), tf.uint8)
+        if shape != (None, None, None):  # what the build promises, checked
+            out = tf.ensure_shape(out, shape)
         return out
 
     return image
 
 
+def _multi_hot(ids: tf.Tensor, num_classes: int) -> tf.Tensor:
+    """``float32 [num_classes]``: 1 at each id (one id: one-hot; an empty list: all zeros)."""
+    import tensorflow as tf
+
+    hot = tf.one_hot(ids, num_classes, dtype=tf.float32)
+    return hot if ids.shape.rank == 0 else tf.minimum(tf.reduce_sum(hot, 0), 1.0)
+
+
+def _dense(value: Any) -> Any:
+    """A variable-length feature as a 1-D tensor (empty when the record has none)."""
+    import tensorflow as tf
+
+    return tf.sparse.to_dense(value) if isinstance(value, tf.SparseTensor) else value
+
+
+def _has_unknown_dims(spec: Any) -> bool:
+    import tensorflow as tf
+
+    return any(s.shape.rank is None or None in s.shape.as_list() for s in tf.nest.flatten(spec))
+
+
 def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = None, channels: int | None = None,
                batch_size: int | None = None, shuffle: bool | int = False, seed: int | None = None,
                drop_remainder: bool = False, as_dict: bool = False, decode: bool = True,
-               shuffle_files: bool = False, cycle_length: int | None = None, num_parallel_calls: int = AUTOTUNE,
-               cache_dir: str | None = None, verify: bool = True, storage: Storage | None = None) -> tf.data.Dataset:
+               multi_hot: bool | None = None, shuffle_files: bool = False, cycle_length: int | None = None,
+               num_parallel_calls: int = AUTOTUNE, cache_dir: str | None = None, verify: bool = True,
+               storage: Storage | None = None) -> tf.data.Dataset:
     """One split of a published dataset: ``(image, label)`` pairs, or dicts of every feature with ``as_dict``.
 
-    ``image`` is always ``uint8 [height, width, channels]``: channels as stored (1, 2, 3 or 4) unless
+    ``image`` is always ``uint8 [height, width, channels]``, decoded from ``image/encoded`` (JPEG or
+    PNG) or, for a raw version, ``image/raw`` reshaped to ``image/shape``: channels as stored unless
     ``channels`` (1, 3 or 4) converts every image; ``image_size=(h, w)`` resizes (bilinear, rounded
-    back to uint8) and defaults ``channels`` to 3. ``decode=False`` gives the encoded bytes instead.
-    ``label`` is an ``int64`` class id (``label_names(uri)[label]``). ``as_dict`` gives every feature
-    in the manifest, the decoded image under ``"image"`` in place of ``"image/encoded"``.
+    back to uint8) and defaults ``channels`` to the build's fixed channel count, else 3.
+    ``decode=False`` gives the stored bytes instead (encoded, or the raw pixels).
+    ``label`` is an ``int64`` class id (``label_names(uri)[label]``); for a multi-label version
+    (manifest ``"multi_label": true``) it is a ``float32 [len(classes)]`` multi-hot vector, or with
+    ``multi_hot=False`` the ``int64`` list of ids (``multi_hot=True`` also makes one-hot vectors of a
+    single-label version). ``as_dict`` gives every feature in the manifest (metadata columns
+    included), the decoded image under ``"image"`` in place of ``"image/encoded"`` or ``"image/raw"``;
+    variable-length features are 1-D tensors, batched as ``tf.RaggedTensor``.
 
     The dataset knows its cardinality (the manifest's record count; after ``batch_size``, the batch
     count, rounded down with ``drop_remainder``). ``shuffle`` shuffles shard order and records
-    (``True``: a buffer of the whole split, up to 256 MiB of encoded records and at least 1,000;
+    (``True``: a buffer of the whole split, up to 256 MiB of stored records and at least 1,000;
     an int: that buffer size), reshuffled every epoch, repeatable with ``seed``.
-    ``batch_size`` needs ``image_size``. Shards are read ``cycle_length`` at a time; S3 shards are
-    cached in ``cache_dir`` (default: a temporary folder of this process) and, with ``verify``,
-    checked against the manifest's SHA-256 (a mismatch fails iteration naming the shard).
+    ``batch_size`` needs ``image_size`` unless the build made every image one size. Shards are read
+    ``cycle_length`` at a time; S3 shards are cached in ``cache_dir`` (default: a temporary folder of
+    this process) and, with ``verify``, checked against the manifest's SHA-256 (a mismatch fails
+    iteration naming the shard).
     """
     import tensorflow as tf
 
-    channels = _options(image_size, channels, batch_size, shuffle, decode)
+    _options(image_size, channels, batch_size, shuffle, decode, multi_hot, as_dict)
     storage = storage or Storage()
     version, manifest = _manifest(uri, storage)
     entry = _split(manifest, split)
     shards = _shards(version, list(entry["shards"]), cache_dir)
     count = int(entry.get("num_records", sum(s["num_records"] for s in entry["shards"])))
-    compression = _COMPRESSION.get(manifest.get("compression", "none"))
-    if compression is None:
-        raise ValueError(f"{version}: unknown compression {manifest['compression']!r}")
+    try:
+        compression = compression_type(manifest)
+        image_key = _image_key(manifest)
+    except ValueError as exc:
+        raise ValueError(f"{version}: {exc}") from None
     spec = feature_spec(manifest)
-    if missing := {IMAGE_KEY, LABEL_KEY} - spec.keys():
-        raise ValueError(f"{version}: the manifest lists no {', '.join(sorted(missing))} feature")
+    if LABEL_KEY not in spec:
+        raise ValueError(f"{version}: the manifest lists no {LABEL_KEY} feature")
+    if as_dict and decode and DECODED_KEY in spec:
+        raise ValueError(f"{version}: a feature is named {DECODED_KEY!r}, the key of the decoded image with "
+                         "as_dict; read it with decode=False")
+    shape = _image_shape(manifest, image_size, channels, batch_size, decode)
+    channels = shape[2]  # asked for, else the one the build gave every image (decoded as such), else as stored
+    image_keys = [image_key, SHAPE_KEY] if image_key == RAW_KEY and decode else [image_key]
     if not as_dict:
-        spec = {IMAGE_KEY: spec[IMAGE_KEY], LABEL_KEY: spec[LABEL_KEY]}
+        spec = {key: spec[key] for key in (*image_keys, LABEL_KEY)}
+    if multi_hot is None:
+        multi_hot = _is_multi_label(manifest)
+    num_classes = len(manifest.get("classes", []))
     by_uri = {shard.uri: shard for shard in shards}
     remote = any(is_s3(shard.uri) for shard in shards)
     if remote:
@@ -294,14 +488,18 @@ def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = Non
             path = tf.ensure_shape(path, [])
         return tf.data.TFRecordDataset(path, compression_type=compression)
 
-    image = _decoder(channels, image_size) if decode else tf.identity
+    image = _decoder(image_key, channels, image_size, shape)
 
     def parse(raw: tf.Tensor) -> Any:
-        example = tf.io.parse_single_example(raw, spec)
+        example = {key: _dense(value) for key, value in tf.io.parse_single_example(raw, spec).items()}
         if not as_dict:
-            return image(example[IMAGE_KEY]), example[LABEL_KEY]
+            label = example[LABEL_KEY]
+            if multi_hot:
+                label = _multi_hot(label, num_classes)
+            return (image(example) if decode else example[image_key]), label
         if decode:
-            example[DECODED_KEY] = image(example.pop(IMAGE_KEY))
+            example[DECODED_KEY] = image(example)
+            del example[image_key]
         return example
 
     shuffle_files = shuffle_files or bool(shuffle)
@@ -312,8 +510,11 @@ def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = Non
                           deterministic=not shuffle_files or seed is not None)
     ds = ds.apply(tf.data.experimental.assert_cardinality(count))
     if shuffle:
-        ds = ds.shuffle(_shuffle_buffer(shuffle, entry, count), seed=seed)  # encoded records: small
+        ds = ds.shuffle(_shuffle_buffer(shuffle, entry, count), seed=seed)  # stored records: small
     ds = ds.map(parse, num_parallel_calls=num_parallel_calls)
     if batch_size is not None:
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        if _has_unknown_dims(ds.element_spec):  # variable-length lists: tf.RaggedTensor [batch, None]
+            ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+        else:
+            ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)

@@ -64,6 +64,7 @@ _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 
 # Modes a transcode to PNG keeps as they are, and modes it converts first.
 _PNG_KEEP = frozenset({"1", "L", "LA", "RGB", "RGBA", "P", "I;16", "I;16B"})
 _PNG_CONVERT = {"CMYK": "RGB", "YCbCr": "RGB", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "RGBX": "RGB"}
+MODERN_FORMATS = frozenset({"heif", "avif", "jxl"})  # decoded by plugins; off with modern_formats false
 MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
 JPEG_QUALITY = 95
 _ORIENTATION = 0x0112

@@ -19,11 +19,30 @@ What a TFDS reader gets, per record (``info.features["image/class/label"].names`
   ``image/channels`` may be 1, 2 or 4 while ``image/encoded`` has 3);
 * ``image/format``, ``image/class/text``, ``image/filename``, ``image/sha256``: ``tf.string``.
 
+The other record layouts (see the manifest's ``features``):
+
+* raw pixels (``image/raw`` + ``image/shape`` in place of ``image/encoded``): ``image/raw`` is a
+  ``Tensor(shape=(H, W, C), dtype=uint8, encoding="bytes")``, which TFDS reads as our bytes with
+  ``tf.io.decode_raw`` and a reshape to that *fixed* shape; ``image/shape`` a ``Tensor((3,), int64)``.
+  Only when the build made every image one size (``resize WxH`` with ``fit pad``, or with
+  ``upscale``; channels are always fixed for raw): a ``Tensor`` of varying size is, to TFDS, a
+  nested ``{"shape", "value"}`` pair of features (``image/raw/shape``, ``image/raw/value``), which
+  our records do not have, and ``Image`` wants encoded bytes. Raw versions of varying size get no
+  TFDS metadata.
+* multi-label (``image/class/label`` and ``image/class/text`` of shape ``[null]``):
+  ``Sequence(ClassLabel)`` and ``Sequence(Text)``; TFDS parses them with
+  ``FixedLenSequenceFeature(allow_missing=True)``, so ``as_supervised`` gives the list of ids.
+* metadata columns: ``string`` -> ``Text``, ``int64``/``float`` -> ``Tensor`` (``int64``/``float32``),
+  ``*_list`` -> ``Sequence`` of those.
+
+Anything else (a feature of another shape or dtype, no image or label feature) gets no metadata:
+none rather than metadata TFDS would read wrongly.
+
 ``as_supervised=True`` yields ``(image, label)``: supervised keys ``("image/encoded",
-"image/class/label")``. TFDS wants an ``X.Y.Z`` version, so the metadata says ``1.0.0`` and names
-our version in the description and release notes. The split files are read through
-``filepathTemplate`` ``{SPLIT}-{SHARD_X_OF_Y}.tfrecord`` (TFDS pads index and count to at least
-5 digits) with ``shardLengths`` from the manifest's shards.
+"image/class/label")`` (``"image/raw"`` for raw versions). TFDS wants an ``X.Y.Z`` version, so the
+metadata says ``1.0.0`` and names our version in the description and release notes. The split
+files are read through ``filepathTemplate`` ``{SPLIT}-{SHARD_X_OF_Y}.tfrecord`` (TFDS pads index
+and count to at least 5 digits) with ``shardLengths`` from the manifest's shards.
 """
 
 from __future__ import annotations
@@ -31,44 +50,104 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .loader import image_shape
 from .manifest import FEATURES
 
 TFDS_VERSION = "1.0.0"
 IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"
+RAW_KEY, SHAPE_KEY = "image/raw", "image/shape"
 LABELS_FILE = LABEL_KEY.replace("/", ".") + ".labels.txt"  # features.convert_feature_name_to_filename
 TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.tfrecord"
 _MODULE = "tensorflow_datasets.core.features."
 _TENSOR_DTYPES = {"int64": "int64", "float": "float32"}
+Shape = tuple[int | None, ...]
 
 
-def _feature(key: str, dtype: str, num_classes: int) -> dict[str, Any]:
-    """One feature as ``json_format.MessageToDict(feature.to_proto())`` gives it."""
-    if key == IMAGE_KEY:
-        return {"image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "3"]}},
-                "pythonClassName": _MODULE + "image_feature.Image"}
+def _shape_json(shape: tuple[int, ...]) -> dict[str, Any]:
+    return {"dimensions": [str(d) for d in shape]} if shape else {}
+
+
+def _tensor(dtype: str, shape: tuple[int, ...] = (), encoding: str = "none") -> dict[str, Any]:
+    return {"pythonClassName": _MODULE + "tensor_feature.Tensor",
+            "tensor": {"dtype": dtype, "encoding": encoding, "shape": _shape_json(shape)}}
+
+
+def _scalar(key: str, dtype: str, num_classes: int) -> dict[str, Any]:
+    """One value of a feature (the feature itself, or the items of a ``Sequence``)."""
     if key == LABEL_KEY:
         return {"classLabel": {"numClasses": str(num_classes)},
                 "pythonClassName": _MODULE + "class_label_feature.ClassLabel"}
     if dtype == "string":
         return {"pythonClassName": _MODULE + "text_feature.Text", "text": {}}
-    return {"pythonClassName": _MODULE + "tensor_feature.Tensor",
-            "tensor": {"dtype": _TENSOR_DTYPES[dtype], "encoding": "none", "shape": {}}}
+    return _tensor(_TENSOR_DTYPES[dtype])
 
 
-def features_json(schema: dict[str, str], num_classes: int) -> dict[str, Any]:
-    """``features.json``'s content: a flat ``FeaturesDict`` over the record keys (``schema``: key -> dtype)."""
-    return {"featuresDict": {"features": {key: _feature(key, dtype, num_classes) for key, dtype in schema.items()}},
-            "pythonClassName": _MODULE + "features_dict.FeaturesDict"}
+def _feature(key: str, dtype: str, shape: Shape, num_classes: int,
+             raw_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """One feature as ``json_format.MessageToDict(feature.to_proto())`` gives it."""
+    if key == IMAGE_KEY:
+        return {"image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "3"]}},
+                "pythonClassName": _MODULE + "image_feature.Image"}
+    if key == RAW_KEY:
+        assert raw_shape is not None
+        return _tensor("uint8", raw_shape, "bytes")
+    if shape == (None,):
+        return {"pythonClassName": _MODULE + "sequence_feature.Sequence",
+                "sequence": {"feature": _scalar(key, dtype, num_classes), "length": "-1"}}
+    if shape:
+        return _tensor(_TENSOR_DTYPES[dtype], tuple(int(d or 0) for d in shape))
+    return _scalar(key, dtype, num_classes)
 
 
-def _schema(manifest: dict[str, Any]) -> dict[str, str] | None:
-    """The version's record keys and dtypes (its manifest's ``features``), or None if TFDS could not parse them."""
+def features_json(schema: dict[str, str | tuple[str, Shape]], num_classes: int,
+                  raw_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """``features.json``'s content: a flat ``FeaturesDict`` over the record keys (``schema``: key -> dtype,
+    or (dtype, shape); ``raw_shape``: the (height, width, channels) of every ``image/raw``)."""
+    features = {}
+    for key, value in schema.items():
+        dtype, shape = (value, ()) if isinstance(value, str) else value
+        features[key] = _feature(key, dtype, shape, num_classes, raw_shape)
+    return {"featuresDict": {"features": features}, "pythonClassName": _MODULE + "features_dict.FeaturesDict"}
+
+
+def _supported(key: str, dtype: str, shape: Shape) -> bool:
+    """Whether TFDS reads feature ``key`` of that dtype and shape as it is stored."""
+    if dtype not in ("string", *_TENSOR_DTYPES):
+        return False
+    if key in (IMAGE_KEY, RAW_KEY):
+        return dtype == "string" and shape == ()
+    if key == SHAPE_KEY:
+        return dtype == "int64" and shape == (3,)
+    if key == LABEL_KEY:
+        return dtype == "int64" and shape in ((), (None,))
+    if shape in ((), (None,)):
+        return True
+    return dtype != "string" and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+
+
+def _schema(manifest: dict[str, Any]) -> tuple[dict[str, str | tuple[str, Shape]], tuple[int, ...] | None] | None:
+    """The version's record keys with their dtypes and shapes (its manifest's ``features``), and the
+    fixed shape of its raw images; None if TFDS could not parse the records."""
     spec = manifest.get("features") or {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURES.items()}
-    schema = {key: value["dtype"] for key, value in spec.items()}
-    if any(value.get("shape") != [] for value in spec.values()) or \
-            not {IMAGE_KEY, LABEL_KEY} <= set(schema) or not set(schema.values()) <= {"string", *_TENSOR_DTYPES}:
+    schema: dict[str, str | tuple[str, Shape]] = {}
+    for key, value in spec.items():
+        dtype, shape = value.get("dtype"), value.get("shape")
+        if not isinstance(shape, list) or not _supported(key, dtype, tuple(shape)):
+            return None
+        schema[key] = dtype if not shape else (dtype, tuple(shape))
+    if LABEL_KEY not in schema:
         return None
-    return schema
+    if IMAGE_KEY in schema:
+        return None if RAW_KEY in schema else (schema, None)
+    if RAW_KEY not in schema or SHAPE_KEY not in schema:
+        return None
+    try:
+        height, width, channels = image_shape(manifest)
+    except (TypeError, ValueError):
+        return None
+    if height is None or width is None or channels is None:
+        return None  # raw images of varying size: TFDS has no feature for them under our keys
+    return schema, (height, width, channels)
 
 
 def _shard_name(split: str, index: int, count: int) -> str:
@@ -106,12 +185,15 @@ def tfds_metadata_files(manifest: dict[str, Any]) -> dict[str, bytes]:
     type (``file_adapters.TfRecordFileAdapter``), and nothing in its metadata can change that. Also
     ``{}`` for shard names other than those TFDS derives from the template (100,000 shards or more:
     TFDS pads the index to the count's width), split names without a letter or digit, and record
-    keys TFDS could not parse (no image or label, not scalar).
+    keys TFDS could not parse (no image or label, shapes it has no feature for, raw images of
+    varying size: see the module's docstring).
     Splits without shards are left out (TFDS cannot read an empty split).
     """
-    schema = _schema(manifest)
-    if schema is None or not _readable(manifest):
+    found = _schema(manifest)
+    if found is None or not _readable(manifest):
         return {}
+    schema, raw_shape = found
+    image_key = RAW_KEY if raw_shape else IMAGE_KEY
     classes = [str(name) for name in manifest["classes"]]
     dataset, version = manifest["dataset"], manifest["version"]
     note = f"image-tfrecords version {version} of dataset {dataset}"
@@ -122,11 +204,12 @@ def tfds_metadata_files(manifest: dict[str, Any]) -> dict[str, bytes]:
         "name": dataset,
         "releaseNotes": {TFDS_VERSION: note},
         "splits": [_split_info(name, split) for name, split in manifest["splits"].items() if split["shards"]],
-        "supervisedKeys": {"tuple": {"items": [{"featureKey": IMAGE_KEY}, {"featureKey": LABEL_KEY}]}},
+        "supervisedKeys": {"tuple": {"items": [{"featureKey": image_key}, {"featureKey": LABEL_KEY}]}},
         "version": TFDS_VERSION,
     }
+    features = features_json(schema, len(classes), raw_shape)
     files = {"dataset_info.json": json.dumps(info, indent=2, sort_keys=True).encode(),
-             "features.json": json.dumps(features_json(schema, len(classes)), indent=4, sort_keys=True).encode()}
+             "features.json": json.dumps(features, indent=4, sort_keys=True).encode()}
     # TFDS reads names back one a line, stripped, blank lines dropped: only names that survive that.
     if all(name and name == name.strip() and "\n" not in name for name in classes):
         files[LABELS_FILE] = ("\n".join(classes) + "\n").encode()

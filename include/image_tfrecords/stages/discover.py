@@ -29,7 +29,8 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     with RowWriter(storage, staged(cfg, DISCOVERED), DISCOVERED_FIELDS) as found, \
             RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects, \
             RowWriter(storage, staged(cfg, METADATA), ("filename", *cfg.columns)) as metadata:
-        for candidate in discover(storage, cfg.source, counts, cfg.cutoff, cfg.columns, cfg.label_separator):
+        for candidate in discover(storage, cfg.source, counts, cfg.cutoff, cfg.columns, cfg.label_separator,
+                                  cfg.modern_formats):
             if candidate.reason:
                 rejects.write(vars(candidate))
             else:

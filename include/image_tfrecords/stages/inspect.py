@@ -37,7 +37,7 @@ from ..incremental import INSPECTION_FIELDS, base_of, inspections, why_not_reuse
 from ..manifest import REJECTS_FIELDS
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
 from ..planning import MB
-from ..probe import RejectedImage, inspect_image
+from ..probe import MODERN_FORMATS, RejectedImage, inspect_image, sniff_format
 from ..progress import ProgressLog, summarized
 from ..reading import read_source
 from ..storage import Storage
@@ -73,6 +73,9 @@ def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict
     """One candidate's facts, or its reject row."""
     try:
         data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+        if not cfg.modern_formats and sniff_format(data) in MODERN_FORMATS:
+            raise RejectedImage("unsupported_format", f"{sniff_format(data)}: HEIC/HEIF, AVIF and JPEG XL are "
+                                "turned off (modern_formats)")
         facts = inspect_image(data, cfg.max_pixels)
     except RejectedImage as exc:
         return {"filename": row["filename"], "reason": exc.reason, "detail": exc.detail}

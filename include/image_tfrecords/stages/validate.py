@@ -314,7 +314,8 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
                                          "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
                                          "max_pixels": cfg.max_pixels, **cfg.image_options.describe(),
-                                         "columns": dict(cfg.columns), "label_separator": cfg.label_separator},
+                                         "columns": dict(cfg.columns), "label_separator": cfg.label_separator,
+                                         "modern_formats": cfg.modern_formats},
     }
     write_json(storage, staged(cfg, MANIFEST), manifest)
     return {"num_records": manifest["num_records"], "num_shards": sum(len(s["shards"]) for s in splits.values())}
