@@ -92,6 +92,8 @@ def check_separator(separator: Any) -> str:
 
 def _number(kind: str, text: str) -> str:
     """The normal form of one int64 or float value."""
+    if "_" in text:
+        raise BadValue(f"{text!r} is not a {'whole number' if kind == 'int64' else 'float'}")
     if kind == "int64":
         try:
             value = int(text, 10)

@@ -185,6 +185,15 @@ def _float32(value: Any) -> Any:
     return list(value) if isinstance(value, array) else value
 
 
+def _same(value: Any, expected: Any) -> bool:
+    """Equal, with NaN equal to NaN (a metadata float may be NaN)."""
+    if isinstance(value, list) and isinstance(expected, list):
+        return len(value) == len(expected) and all(map(_same, value, expected))
+    if isinstance(value, float) and isinstance(expected, float) and value != value and expected != expected:
+        return True
+    return bool(value == expected)
+
+
 def _match(schema: RecordSchema, shard: str, facts: tuple[int, str, dict[str, Any], ImageFacts],
            unseen: dict[str, dict[str, str]]) -> None:
     """Check one record's facts against the member of its name (removed from ``unseen``: a name counts once).
@@ -199,7 +208,7 @@ def _match(schema: RecordSchema, shard: str, facts: tuple[int, str, dict[str, An
         raise BuildError(f"{where}: {name!r} is not planned for this shard, or is in it twice")
     expected = example_features(member, b"", schema)
     for key, value in values.items():
-        if value != _float32(expected[key]):
+        if not _same(value, _float32(expected[key])):
             raise BuildError(f"{where}: {key} is {value!r}, the plan says {expected[key]!r}")
     if member["encoded_sha256"]:
         if image_sha != member["encoded_sha256"]:
