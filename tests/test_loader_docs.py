@@ -38,3 +38,4 @@ def test_every_snippet_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "2 batches per epoch" in out  # 40 training records, batches of 32
     assert "2/2" in out and "ran out of data" not in out  # Keras knew the steps
     assert "daisy" in out and "(4, 64, 64, 3)" in out
+    assert "(16, 64, 64, 3) int64" in out  # the multi-label snippet on a single-label version

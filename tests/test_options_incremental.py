@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from image_tfrecords import cli
+from image_tfrecords import cli, labels
 from image_tfrecords.example import decode_example
 from image_tfrecords.sample import make_sample
 from image_tfrecords.tfrecord import read_records
@@ -43,6 +43,9 @@ def test_options_decide_shard_reuse_and_metadata_changes_rewrite(tmp_path: Path)
     assert resized["build"]["mode"] == "full"
     assert "image options changed" in resized["build"]["full_because"]
     assert resized["params"]["resize"] == "longest:16"
+    frame = labels(str(dest / "d" / "v2"))  # the records the writer made have no encoded size in labels.csv
+    assert str(frame["encoded_bytes"].dtype) == "Int64" and frame["encoded_bytes"].isna().all()
+    assert str(frame["width"].dtype) == "int64" and frame["weight"].tolist()[:2] == ["0.0", "0.25"]
 
     again = _build(source, dest, "v3", "--columns", "weight=float", "--resize", "longest:16", "--force")
     assert again["build"]["mode"] == "incremental"

@@ -21,8 +21,10 @@ from PIL import Image
 from tensorflow_datasets.core import dataset_info, naming
 from tensorflow_datasets.core import splits as splits_lib
 
+from image_tfrecords.loader import image_shape
 from image_tfrecords.manifest import FEATURES, feature_spec
 from image_tfrecords.tfds_metadata import IMAGE_KEY, LABEL_KEY, LABELS_FILE, TEMPLATE, tfds_metadata_files
+from tests import test_loader_features as layouts
 
 CLASSES = ("circles", "squares", "triangles")
 MODES = ("L", "RGB", "RGBA", "LA", "P")  # grey, RGB, RGBA, grey+alpha, palette
@@ -51,8 +53,10 @@ def _tfds_features(classes: list[str]) -> tfds.features.FeaturesDict:
     return tfds.features.FeaturesDict({key: feature(key, dtype) for key, dtype in FEATURES.items()})
 
 
-def _tfds_writes(manifest: dict[str, Any], folder: Path, description: str, notes: dict[str, str]) -> dict[str, bytes]:
-    """What ``DatasetInfo.write_to_directory`` writes for the manifest's version."""
+def _tfds_writes(manifest: dict[str, Any], folder: Path, description: str, notes: dict[str, str],
+                 features: tfds.features.FeaturesDict | None = None, image_key: str = IMAGE_KEY) -> dict[str, bytes]:
+    """What ``DatasetInfo.write_to_directory`` writes for the manifest's version (with ``features``, by
+    default the classic ones)."""
     template = naming.ShardedFileTemplate(data_dir=folder, template=TEMPLATE, dataset_name=manifest["dataset"],
                                           filetype_suffix="tfrecord")
     split_dict = splits_lib.SplitDict([
@@ -63,8 +67,8 @@ def _tfds_writes(manifest: dict[str, Any], folder: Path, description: str, notes
     identity = dataset_info.DatasetIdentity(name=manifest["dataset"], version="1.0.0", data_dir=str(folder),
                                             module_name="", release_notes=notes)
     info = dataset_info.DatasetInfo(builder=identity, description=description,
-                                    features=_tfds_features(manifest["classes"]),
-                                    supervised_keys=(IMAGE_KEY, LABEL_KEY), split_dict=split_dict)
+                                    features=features or _tfds_features(manifest["classes"]),
+                                    supervised_keys=(image_key, LABEL_KEY), split_dict=split_dict)
     info.set_file_format("tfrecord")
     info.write_to_directory(folder)
     return {path.name: path.read_bytes() for path in folder.iterdir()}
@@ -210,3 +214,133 @@ def test_gzip_versions(source: Path, tmp_path: Path) -> None:
     builder = tfds.builder_from_directory(str(version))
     with pytest.raises(tf.errors.DataLossError):
         list(builder.as_dataset(split="train"))
+
+
+# -- the layouts of issue 14: raw pixels, multi-label, metadata columns ------------------------------------------------
+FIXED_RAW = {"resize": "8x6", "fit": "pad", "upscale": False, "encoding": "raw", "jpeg_quality": 95, "channels": 0,
+             "filter": "lanczos"}
+FIXED_GREY_PNG = FIXED_RAW | {"encoding": "png", "channels": 1}
+LAYOUTS = {  # name -> (features() arguments, manifest additions)
+    "multi-label": ({"multi_label": True}, {"multi_label": True}),
+    "columns": ({"columns": layouts.COLUMNS}, {"columns": layouts.COLUMNS}),
+    "raw": ({"raw": True}, {"image": FIXED_RAW}),
+    "png-grey-8x6": ({}, {"image": FIXED_GREY_PNG}),
+    "png-grey": ({}, {"image": FIXED_GREY_PNG | {"resize": "none"}}),
+    "all": ({"raw": True, "multi_label": True, "columns": layouts.COLUMNS},
+            {"image": FIXED_RAW, "multi_label": True, "columns": layouts.COLUMNS}),
+}
+
+
+def _tfds_feature(key: str, entry: dict[str, Any], classes: list[str], image: tuple[int | None, ...]) -> Any:
+    """The TFDS feature that reads one of our features (built with TFDS, to compare with ours)."""
+    if key == IMAGE_KEY:
+        return tfds.features.Image(shape=(*image[:2], image[2] or 3))
+    if key == "image/raw":
+        return tfds.features.Tensor(shape=image, dtype=np.uint8, encoding="bytes")
+    if key == LABEL_KEY:
+        one: Any = tfds.features.ClassLabel(names=classes)
+    elif entry["dtype"] == "string":
+        one = tfds.features.Text()
+    else:
+        one = tfds.features.Tensor(shape=(), dtype=np.int64 if entry["dtype"] == "int64" else np.float32)
+    if entry["shape"] == [None]:
+        return tfds.features.Sequence(one)
+    if entry["shape"]:
+        return tfds.features.Tensor(shape=tuple(entry["shape"]), dtype=np.int64)
+    return one
+
+
+def _layout_manifest(name: str) -> dict[str, Any]:
+    args, extra = LAYOUTS[name]
+    return _manifest(features=layouts.features(**args), **extra)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_new_layouts_are_what_tfds_writes(name: str, tmp_path: Path) -> None:
+    manifest = _layout_manifest(name)
+    ours = tfds_metadata_files(manifest)
+    info = json.loads(ours["dataset_info.json"])
+    raw = "image/raw" in manifest["features"]
+    image = image_shape(manifest)
+    features = tfds.features.FeaturesDict({
+        key: _tfds_feature(key, entry, manifest["classes"], image) for key, entry in manifest["features"].items()})
+    image_key = "image/raw" if raw else IMAGE_KEY
+    assert ours == _tfds_writes(manifest, tmp_path, info["description"], info["releaseNotes"], features, image_key)
+    assert set(features.tf_example_spec) == set(manifest["features"])  # the serialized keys are our record keys
+    assert ours[LABELS_FILE] == b"circles\nsquares\ntriangles\n"
+
+
+@pytest.mark.parametrize("change", [
+    {"image": FIXED_RAW | {"fit": "crop"}},  # smaller images stay smaller: sizes vary
+    {"image": FIXED_RAW | {"resize": "longest:8", "upscale": True}},
+    {"image": FIXED_RAW | {"resize": "none"}},
+    {"image": None},
+    {"features": layouts.features(raw=True) | {"image/encoded": {"dtype": "string", "shape": []}}},
+    {"features": layouts.features(raw=True) | {"image/shape": {"dtype": "int64", "shape": [None]}}},
+    {"features": layouts.features() | {"grid": {"dtype": "float", "shape": [2, None]}}},
+    {"features": layouts.features() | {"names": {"dtype": "string", "shape": [2]}}},
+    {"features": layouts.features() | {"blob": {"dtype": "bytes", "shape": []}}},
+    {"features": layouts.features() | {IMAGE_KEY: {"dtype": "string", "shape": [None]}}},
+], ids=["raw-crop", "raw-longest", "raw-no-resize", "raw-no-options", "raw-and-encoded", "var-shape", "2d-list",
+        "fixed-strings", "unknown-dtype", "image-list"])
+def test_layouts_tfds_cannot_read_get_nothing(change: dict[str, Any]) -> None:
+    manifest = _layout_manifest("raw") | change
+    assert tfds_metadata_files(manifest) == {}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_tfds_reads_new_layouts(name: str, tmp_path: Path) -> None:
+    """Hand-written versions of each layout (records of known values) read back with TFDS."""
+    args, extra = LAYOUTS[name]
+    raw, grey = args.get("raw", False), name.startswith("png-grey")
+    many, columns = args.get("multi_label", False), args.get("columns", {})
+    records = []
+    for i in range(9):
+        image = layouts.pixels(i, 6, 8, 1 if grey else 3) if raw or grey else \
+            layouts.pixels(i, 3 + i, 5 + i % 3, 1 + i % 4)
+        label = layouts.LABEL_SETS[i % len(layouts.LABEL_SETS)] if many else i % 4
+        record = layouts.raw_record(i, image, label) if raw else layouts.png_record(i, image, label)
+        row = layouts.METADATA[i % len(layouts.METADATA)]
+        records.append((image, label, row, record | {k: layouts.typed(k, row[k]) for k in columns}))
+    version = Path(layouts.write_version(tmp_path / "v1", {"train": [r for *_, r in records[:6]],
+                                                           "test": [r for *_, r in records[6:]]},
+                                         layouts.features(**args), per_shard=2, **extra))
+    manifest = json.loads((version / "manifest.json").read_text())
+    files = tfds_metadata_files(manifest)
+    assert set(files) == {"dataset_info.json", "features.json", LABELS_FILE}
+    for file, data in files.items():
+        (version / file).write_bytes(data)
+
+    builder = tfds.builder_from_directory(str(version))
+    label_feature = builder.info.features[LABEL_KEY]
+    assert (label_feature.feature if many else label_feature).names == layouts.CLASSES
+    image_key = "image/raw" if raw else IMAGE_KEY
+    assert builder.info.supervised_keys == (image_key, LABEL_KEY)
+    read = tfds.ReadConfig(interleave_cycle_length=1)
+    got = [*builder.as_dataset(split="train", shuffle_files=False, read_config=read),
+           *builder.as_dataset(split="test", shuffle_files=False, read_config=read)]
+    assert len(got) == len(records)
+    for example, (image, label, row, _) in zip(got, records, strict=True):
+        expected = image if raw or grey else np.repeat(image, 3, 2) if image.shape[2] < 3 else image[..., :3]
+        if not raw and image.shape[2] == 2:
+            expected = np.repeat(image[..., :1], 3, 2)
+        assert np.array_equal(example[image_key].numpy(), expected)
+        assert example[LABEL_KEY].numpy().tolist() == label
+        if many:
+            assert [t.decode() for t in example["image/class/text"].numpy()] == [layouts.CLASSES[c] for c in label]
+        if raw:
+            assert example["image/shape"].numpy().tolist() == [6, 8, 3]
+        for column in columns:
+            value = example[column].numpy()
+            want = row[column]
+            if isinstance(want, list):
+                assert [v.decode() if isinstance(v, bytes) else v for v in value.tolist()] == \
+                    [np.float32(v) if isinstance(v, float) else v for v in want]
+            elif isinstance(want, str):
+                assert value.decode() == want
+            else:
+                assert value == np.float32(want) if isinstance(want, float) else value == want
+    pairs = builder.as_dataset(split="test", as_supervised=True, shuffle_files=False, read_config=read)
+    assert [label.numpy().tolist() for _, label in pairs] == [label for _, label, _, _ in records[6:]]
+    stated = {"png-grey-8x6": [6, 8, 1], "png-grey": [None, None, 1], "raw": [6, 8, 3], "all": [6, 8, 3]}
+    assert pairs.element_spec[0].shape.as_list() == stated.get(name, [None, None, 3])

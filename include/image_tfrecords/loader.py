@@ -76,14 +76,22 @@ def label_names(uri: str, storage: Storage | None = None) -> list[str]:
 
 
 def labels(uri: str, storage: Storage | None = None) -> pd.DataFrame:
-    """The version's ``labels.csv`` (one row per record) as a pandas DataFrame; text columns stay text."""
+    """The version's ``labels.csv`` (one row per record) as a pandas DataFrame; text columns stay text.
+
+    Whole-number columns are ``int64``; ``encoded_bytes`` is a nullable ``Int64`` when some records were
+    made by the writer (empty cells), and a multi-label ``label_id`` (``0|3``) stays text."""
     import pandas as pd
 
     storage = storage or Storage()
     frame = pd.read_csv(io.BytesIO(storage.read_bytes(join(_resolve(storage, uri), LABELS))), dtype=str,
                         keep_default_na=False)
-    ints = [c for c in _INT_COLUMNS if c in frame.columns]
-    return frame.astype(dict.fromkeys(ints, "int64"))
+    for column in (c for c in _INT_COLUMNS if c in frame.columns):
+        numbers = frame[column].str.fullmatch(r"-?[0-9]+")
+        if numbers.all():
+            frame[column] = frame[column].astype("int64")
+        elif (numbers | frame[column].eq("")).all():
+            frame[column] = pd.to_numeric(frame[column].replace("", None)).astype("Int64")
+    return frame
 
 
 def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature | tf.io.VarLenFeature]:

@@ -28,10 +28,10 @@ _ALIASES = {"str": "string", "bytes": "string", "text": "string", "int": "int64"
             "str_list": "string_list", "int_list": "int64_list"}
 DTYPE = {"string": "string", "int64": "int64", "float": "float"}  # base type -> manifest dtype
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
-# labels.csv columns the build writes itself: a metadata column cannot take these names
-RESERVED = frozenset({"filename", "label", "labels", "label_id", "split", "sha256", "width", "height", "channels",
-                      "format", "num_bytes", "source_format", "transform", "encoded_sha256", "encoded_bytes",
-                      "shard"})
+# labels.csv columns the build writes itself, and the loader's decoded "image": a metadata column cannot take them
+RESERVED = frozenset({"image", "filename", "label", "labels", "label_id", "split", "sha256", "width", "height",
+                      "channels", "format", "num_bytes", "source_format", "transform", "encoded_sha256",
+                      "encoded_bytes", "shard"})
 DEFAULT_SEPARATOR = "|"
 _INT64 = range(-(1 << 63), 1 << 63)
 _FLOAT32_MAX = 3.4028234663852886e38

@@ -14,6 +14,8 @@ What a TFDS reader gets, per record (``info.features["image/class/label"].names`
 
 * ``image/encoded``: the decoded image, ``uint8``, shape ``(height, width, 3)``: every record
   decodes to RGB (grey is repeated, alpha dropped), since channels vary from record to record;
+  unless the build fixed them (``channels`` 1, 3 or 4: that many) or the size (``resize WxH``
+  with ``fit pad`` or ``upscale``: shape ``(H, W, C)``), which TFDS's ``Image`` then states;
 * ``image/class/label``: the class id (``int64``), ``ClassLabel`` over the manifest's ``classes``;
 * ``image/height``, ``image/width``, ``image/channels`` (``int64``; the stored image's, so
   ``image/channels`` may be 1, 2 or 4 while ``image/encoded`` has 3);
@@ -82,15 +84,18 @@ def _scalar(key: str, dtype: str, num_classes: int) -> dict[str, Any]:
     return _tensor(_TENSOR_DTYPES[dtype])
 
 
-def _feature(key: str, dtype: str, shape: Shape, num_classes: int,
-             raw_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
-    """One feature as ``json_format.MessageToDict(feature.to_proto())`` gives it."""
+def _feature(key: str, dtype: str, shape: Shape, num_classes: int, image: Shape = (None, None, None)
+             ) -> dict[str, Any]:
+    """One feature as ``json_format.MessageToDict(feature.to_proto())`` gives it (``image``: the
+    (height, width, channels) every stored image has, None where they vary)."""
     if key == IMAGE_KEY:
-        return {"image": {"dtype": "uint8", "shape": {"dimensions": ["-1", "-1", "3"]}},
+        height, width, channels = image
+        dims = [str(-1 if d is None else d) for d in (height, width, channels or 3)]
+        return {"image": {"dtype": "uint8", "shape": {"dimensions": dims}},
                 "pythonClassName": _MODULE + "image_feature.Image"}
     if key == RAW_KEY:
-        assert raw_shape is not None
-        return _tensor("uint8", raw_shape, "bytes")
+        assert None not in image
+        return _tensor("uint8", tuple(int(d or 0) for d in image), "bytes")
     if shape == (None,):
         return {"pythonClassName": _MODULE + "sequence_feature.Sequence",
                 "sequence": {"feature": _scalar(key, dtype, num_classes), "length": "-1"}}
@@ -100,13 +105,14 @@ def _feature(key: str, dtype: str, shape: Shape, num_classes: int,
 
 
 def features_json(schema: dict[str, str | tuple[str, Shape]], num_classes: int,
-                  raw_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
+                  image: Shape = (None, None, None)) -> dict[str, Any]:
     """``features.json``'s content: a flat ``FeaturesDict`` over the record keys (``schema``: key -> dtype,
-    or (dtype, shape); ``raw_shape``: the (height, width, channels) of every ``image/raw``)."""
+    or (dtype, shape); ``image``: the (height, width, channels) every stored image has, None where
+    they vary; all three known for ``image/raw``)."""
     features = {}
     for key, value in schema.items():
         dtype, shape = (value, ()) if isinstance(value, str) else value
-        features[key] = _feature(key, dtype, shape, num_classes, raw_shape)
+        features[key] = _feature(key, dtype, shape, num_classes, image)
     return {"featuresDict": {"features": features}, "pythonClassName": _MODULE + "features_dict.FeaturesDict"}
 
 
@@ -125,9 +131,10 @@ def _supported(key: str, dtype: str, shape: Shape) -> bool:
     return dtype != "string" and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
 
 
-def _schema(manifest: dict[str, Any]) -> tuple[dict[str, str | tuple[str, Shape]], tuple[int, ...] | None] | None:
+def _schema(manifest: dict[str, Any]) -> tuple[dict[str, str | tuple[str, Shape]], Shape] | None:
     """The version's record keys with their dtypes and shapes (its manifest's ``features``), and the
-    fixed shape of its raw images; None if TFDS could not parse the records."""
+    (height, width, channels) its images all have (None where they vary); None if TFDS could not
+    read the records as they are."""
     spec = manifest.get("features") or {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURES.items()}
     schema: dict[str, str | tuple[str, Shape]] = {}
     for key, value in spec.items():
@@ -135,19 +142,17 @@ def _schema(manifest: dict[str, Any]) -> tuple[dict[str, str | tuple[str, Shape]
         if not isinstance(shape, list) or not _supported(key, dtype, tuple(shape)):
             return None
         schema[key] = dtype if not shape else (dtype, tuple(shape))
-    if LABEL_KEY not in schema:
-        return None
-    if IMAGE_KEY in schema:
-        return None if RAW_KEY in schema else (schema, None)
-    if RAW_KEY not in schema or SHAPE_KEY not in schema:
+    if LABEL_KEY not in schema or (IMAGE_KEY in schema) == (RAW_KEY in schema):
         return None
     try:
-        height, width, channels = image_shape(manifest)
-    except (TypeError, ValueError):
+        image = image_shape(manifest)
+    except (TypeError, ValueError, AttributeError):
         return None
-    if height is None or width is None or channels is None:
+    if IMAGE_KEY in schema:
+        return schema, image
+    if SHAPE_KEY not in schema or None in image:
         return None  # raw images of varying size: TFDS has no feature for them under our keys
-    return schema, (height, width, channels)
+    return schema, image
 
 
 def _shard_name(split: str, index: int, count: int) -> str:
@@ -192,8 +197,8 @@ def tfds_metadata_files(manifest: dict[str, Any]) -> dict[str, bytes]:
     found = _schema(manifest)
     if found is None or not _readable(manifest):
         return {}
-    schema, raw_shape = found
-    image_key = RAW_KEY if raw_shape else IMAGE_KEY
+    schema, image = found
+    image_key = IMAGE_KEY if IMAGE_KEY in schema else RAW_KEY
     classes = [str(name) for name in manifest["classes"]]
     dataset, version = manifest["dataset"], manifest["version"]
     note = f"image-tfrecords version {version} of dataset {dataset}"
@@ -207,7 +212,7 @@ def tfds_metadata_files(manifest: dict[str, Any]) -> dict[str, bytes]:
         "supervisedKeys": {"tuple": {"items": [{"featureKey": image_key}, {"featureKey": LABEL_KEY}]}},
         "version": TFDS_VERSION,
     }
-    features = features_json(schema, len(classes), raw_shape)
+    features = features_json(schema, len(classes), image)
     files = {"dataset_info.json": json.dumps(info, indent=2, sort_keys=True).encode(),
              "features.json": json.dumps(features, indent=4, sort_keys=True).encode()}
     # TFDS reads names back one a line, stripped, blank lines dropped: only names that survive that.
