@@ -122,7 +122,7 @@ def test_to_dict_round_trips() -> None:
                              "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485, "full": False,
                              "chunk_files": 2000, "chunk_mb": 1000.0, "resize": "none", "fit": "crop",
                              "upscale": False, "encoding": "original", "jpeg_quality": 95, "channels": 0,
-                             "columns": {}, "label_separator": "|"}
+                             "columns": {}, "label_separator": "|", "modern_formats": True}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 
