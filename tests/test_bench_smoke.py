@@ -1,5 +1,5 @@
-"""`make bench` in miniature (a 40-image corpus, one round, a few hundred images' incremental nights), so the
-benchmark never rots; its corpus generator."""
+"""`make bench` in miniature (a 40-image corpus, one round, a few hundred images' incremental nights, the image
+options' builds on the 40 images), so the benchmark never rots; its corpus generator."""
 
 from __future__ import annotations
 
@@ -47,11 +47,12 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     for label in ("(a) seed-style, 1 process", "(b) seed-style, 2 threads", "(c) cp -r", "--workers 2",
                   "airflow dags test", "## Targets (issues 5 and 13 and 12)", "## Scale: 60 images",
                   "## Scaling over cores: 200 images", "## Incremental nights (issue 12)",
-                  "### 5 nights at 300 images"):
+                  "### 5 nights at 300 images", "\n## Image options\n"):
         assert label in text
     assert "Compaction on night" in text or "No compaction in 5 nights: " in text
     assert len(data["targets"]) >= 9
     check_incremental(data, text)
+    check_options(data, text)
     chart = Image.open(io.BytesIO(out.with_suffix(".png").read_bytes()))
     assert chart.format == "PNG" and chart.size[0] >= 600
 
@@ -82,6 +83,30 @@ def check_incremental(data: dict[str, Any], text: str) -> None:
     assert targets["300 images: an unchanged night skips all work"]["met"]
     assert re.search(r"\| speedup \(full / incremental\) \| \*\*\d+\.\dx\*\* \|", text)
     assert re.search(r"\| records equal \(labels\.csv filename, sha256, label, split\) \| yes \(\d+\) \|", text)
+
+
+def check_options(data: dict[str, Any], text: str) -> None:
+    """The smoke run's image options: every build at 1 and (cores) workers, with the write stage's seconds
+    and the shards' bytes; raw 224x224 RGB records hold 150528 bytes of pixels each."""
+    report = data["options"]
+    builds = {(b["key"], b["workers"]): b for b in report["builds"]}
+    workers = sorted({1, report["cores"]})
+    assert set(builds) == {(key, n) for key in ("original", "shortest:256 jpeg", "224x224 raw", "longest:512")
+                           for n in workers}
+    records = builds["original", 1]["records"]
+    assert records >= 30
+    for build in builds.values():
+        assert build["records"] == records and build["seconds"] > 0 and 0 < build["write_seconds"] < build["seconds"]
+        assert build["output_bytes"] > 0
+    original, raw = builds["original", 1]["output_bytes"], builds["224x224 raw", 1]["output_bytes"]
+    assert raw > records * 224 * 224 * 3 and builds["shortest:256 jpeg", 1]["output_bytes"] < original
+    assert "`image-tfrecords build --source CORPUS --destination OUT" in text
+    number, diff = r"[\d.]+", r"[+-][\d.]+"  # seconds, CPU s, CPU vs original, write s, ms/image, write vs original
+    assert re.search(r"\n## Image options\n", text)
+    assert re.search(rf"\| `--resize 224x224 --encoding raw --channels 3` \| 1 \| {number} \| {number} \| {diff} \| "
+                     rf"{number} \| {number} \| {diff} \|", text)
+    assert re.search(r"On one core, the write stage costs [\d.]+ ms per image stored as it is; `--resize shortest:256",
+                     text)
 
 
 def corpus_module() -> Any:
