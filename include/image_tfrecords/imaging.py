@@ -147,6 +147,13 @@ def _scaled(side: int, scale: float) -> int:
     return max(1, round(side * scale))
 
 
+def _fit_scale(width: int, height: int, opts: ImageOptions) -> float:
+    """The scale that makes ``width`` x ``height`` cover (crop) or fit inside (pad) an exact ``WxH``,
+    capped at 1 without ``upscale``."""
+    scale = (max if opts.fit == "crop" else min)(opts.resize.width / width, opts.resize.height / height)
+    return scale if opts.upscale else min(scale, 1.0)
+
+
 def resized_size(width: int, height: int, resize: Resize, fit: str, upscale: bool) -> tuple[int, int]:
     """The record's size for an upright image of ``width`` x ``height``."""
     if resize.kind == "none":
@@ -161,7 +168,7 @@ def resized_size(width: int, height: int, resize: Resize, fit: str, upscale: boo
         return (target_w, target_h) if upscale else (min(target_w, width), min(target_h, height))
     if fit == "pad":
         return target_w, target_h
-    scale = limit(max(target_w / width, target_h / height))  # crop: cover, then cut the centre
+    scale = _fit_scale(width, height, ImageOptions(resize, fit, upscale))  # crop: cover, then cut the centre
     return min(target_w, _scaled(width, scale)), min(target_h, _scaled(height, scale))
 
 
@@ -251,18 +258,15 @@ def _resized(image: Any, out: Output, opts: ImageOptions) -> Any:
     if opts.resize.kind != "exact" or opts.fit == "stretch":
         return image.resize((out.width, out.height), lanczos)
     target_w, target_h = opts.resize.width, opts.resize.height
+    scale = _fit_scale(width, height, opts)
     if opts.fit == "pad":
-        scale = min(target_w / width, target_h / height)
-        scale = scale if opts.upscale else min(scale, 1.0)
         inner = (min(target_w, _scaled(width, scale)), min(target_h, _scaled(height, scale)))
         if inner != (width, height):
             image = image.resize(inner, lanczos)
         canvas = Image.new(image.mode, (target_w, target_h))  # zeros: black, transparent
         canvas.paste(image, ((target_w - inner[0]) // 2, (target_h - inner[1]) // 2))
         return canvas
-    scale = max(target_w / width, target_h / height)  # crop: cover the target, cut the centre
-    scale = scale if opts.upscale else min(scale, 1.0)
-    cover = (_scaled(width, scale), _scaled(height, scale))
+    cover = (_scaled(width, scale), _scaled(height, scale))  # crop: cover the target, cut the centre
     if cover != (width, height):
         image = image.resize(cover, lanczos)
     left, top = (cover[0] - out.width) // 2, (cover[1] - out.height) // 2
@@ -278,7 +282,7 @@ def _draft_size(image: Any, out: Output, opts: ImageOptions, rotated: bool) -> t
     if rotated:
         width, height = height, width
     if opts.resize.kind == "exact" and opts.fit != "stretch":
-        scale = (max if opts.fit == "crop" else min)(opts.resize.width / width, opts.resize.height / height)
+        scale = _fit_scale(width, height, opts)
         need = (_scaled(width, scale), _scaled(height, scale))
     else:
         need = (out.width, out.height)
