@@ -52,6 +52,15 @@ def test_bad_resize_is_a_config_error(text: str) -> None:
         parse_resize(text)
 
 
+def test_fit_needs_an_exact_size() -> None:
+    from image_tfrecords.imaging import check_options
+
+    check_options(ImageOptions(resize=parse_resize("10x10"), fit="pad"))
+    check_options(ImageOptions(resize=parse_resize("longest:10")))  # crop, the default, goes with any resize
+    with pytest.raises(ConfigError, match="fit pad applies to a WxH resize only"):
+        check_options(ImageOptions(resize=parse_resize("longest:10"), fit="pad"))
+
+
 def test_resize_text_is_normalised() -> None:
     assert str(parse_resize(" 224X112 ")) == "224x112"
     assert str(parse_resize("Longest:64")) == "longest:64"

@@ -116,6 +116,8 @@ def check_options(opts: ImageOptions) -> None:
         raise ConfigError(f"jpeg_quality must be a whole number in [1, 100], not {opts.jpeg_quality!r}")
     if not isinstance(opts.upscale, bool):
         raise ConfigError(f"upscale must be true or false, not {opts.upscale!r}")
+    if opts.fit != "crop" and opts.resize.kind != "exact":
+        raise ConfigError(f"fit {opts.fit} applies to a WxH resize only, not to resize {opts.resize}")
     if opts.encoding == "jpeg" and opts.channels == 4:
         raise ConfigError("channels 4 needs an alpha channel, which JPEG has not: use encoding png or raw")
 
