@@ -24,7 +24,11 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
    shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
    shard's records are made on all of its worker's cores), and re-reads each from the store to
-   check it (CRCs, schema, each record against its planned row, checksums);
+   check it (CRCs, schema, each record against its planned row, checksums). The form's *Images and
+   features* params change what a record stores: `resize` (with `fit`, `upscale`), `encoding`
+   (`original`, `jpeg` at `jpeg_quality`, `png`, `raw` pixels), `channels`, labels.csv `columns` as
+   typed features, and the `label_separator` of a multi-label `labels` column; each changed image is
+   made once, here, by the task that writes its shard;
 6. **validate** adds those checks up (counts per split, the records are the ones `labels.csv`
    lists, no image in two splits) and stages `manifest.json`;
 7. **card** renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
