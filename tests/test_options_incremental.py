@@ -68,3 +68,27 @@ def test_options_decide_shard_reuse_and_metadata_changes_rewrite(tmp_path: Path)
     mine = [r for r in records if r["image/filename"] == [changed.encode()]]
     assert len(mine) == 1 and mine[0]["weight"] == [99.5]
     assert max(mine[0]["image/width"][0], mine[0]["image/height"][0]) == 16
+
+
+def test_resize_never_makes_an_image_over_max_pixels(tmp_path: Path) -> None:
+    import pytest
+    from PIL import Image
+
+    from image_tfrecords.config import BuildConfig
+    from image_tfrecords.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="resize 4000x4000 makes images of up to 16000000 pixels"):
+        BuildConfig("src", "out", "d", "v", resize="4000x4000", fit="pad", max_pixels=10_000_000)
+    BuildConfig("src", "out", "d", "v", resize="4000x4000", max_pixels=10_000_000)  # crop never enlarges
+
+    source = tmp_path / "src"
+    (source / "a").mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (64, 48), (40 * i, 90, 20)).save(source / "a" / f"photo{i}.png")
+    Image.new("RGB", (400, 10), (1, 2, 3)).save(source / "a" / "strip.png")  # shortest:100 -> 4000x100
+    manifest = _build(source, tmp_path / "out", "v1", "--resize", "shortest:100", "--upscale",
+                      "--max-pixels", "100000", "--max-reject-fraction", "0.5")
+    assert manifest["num_records"] == 4 and manifest["rejects_by_reason"] == {"too_many_pixels": 1}
+    with open(tmp_path / "out" / "d" / "v1" / "rejects.csv", newline="") as f:
+        (reject,) = csv.DictReader(f)
+    assert reject["filename"] == "a/strip.png" and "4000x100" in reject["detail"]

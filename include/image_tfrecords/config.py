@@ -157,6 +157,12 @@ class BuildConfig:
         if isinstance(self.chunk_mb, bool) or not isinstance(self.chunk_mb, int | float) \
                 or not 0 < self.chunk_mb <= 1_000_000:
             raise ConfigError(f"chunk_mb must be a number in (0, 1000000], not {self.chunk_mb!r}")
+        resize = self.image_options.resize  # a record bigger than max_pixels would be made for every image
+        largest = resize.width * (resize.height if resize.kind == "exact" else resize.width)
+        if resize.kind in ("exact", "longest") and largest > self.max_pixels and \
+                (self.upscale or (resize.kind == "exact" and self.fit == "pad")):
+            raise ConfigError(f"resize {resize} makes images of up to {largest} pixels, more than max_pixels "
+                              f"{self.max_pixels}")
 
     @property
     def image_options(self) -> ImageOptions:

@@ -90,6 +90,11 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     record[label_id] = class_ids[values[label]]
                 if not opts.is_default:
                     planned = planned_facts(opts, record[fmt], *(record[i] for i in facts if i != fmt))
+                    if int(planned[0]) * int(planned[1]) > cfg.max_pixels:  # upscale: shortest:N of a long strip
+                        detail = f"resize makes it {planned[0]}x{planned[1]}, more than max_pixels {cfg.max_pixels}"
+                        rejects.write({"filename": values[name], "reason": "too_many_pixels", "detail": detail})
+                        reasons["too_many_pixels"] += 1
+                        continue
                     for i, value in zip(facts, planned, strict=True):
                         record[i] = value
                 if cfg.columns:
