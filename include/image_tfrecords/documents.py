@@ -27,6 +27,24 @@ def read_rows(storage: Storage, uri: str, errors: str = "strict") -> Iterator[cs
             yield csv.DictReader(f)
 
 
+class _LineFeed:
+    """A text file that csv writers write rows to: rows end in ``\n``, while the writer, told that rows end
+    in ``\r\n``, quotes every field holding a ``\r`` or a ``\n`` (Python's csv quotes only the characters
+    of its line terminator, so a lone ``\r`` in a file name or a metadata value would end the row when
+    read back)."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def write(self, text: str) -> int:
+        return self._file.write(text[:-2] + "\n" if text.endswith("\r\n") else text)
+
+
+def csv_writer(file: Any) -> Any:
+    """A ``csv.writer`` of rows ending in ``\n`` that round-trip any text (see ``_LineFeed``)."""
+    return csv.writer(_LineFeed(file), lineterminator="\r\n")
+
+
 class RowWriter:
     """Write dict rows to a local temporary CSV, then store it at ``uri`` on close."""
 
@@ -34,8 +52,8 @@ class RowWriter:
         self._storage, self._uri = storage, uri
         fd, self._path = tempfile.mkstemp(suffix=".csv")
         self._file = os.fdopen(fd, "w", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, fieldnames=list(fields), extrasaction="ignore",
-                                      lineterminator="\n")
+        self._writer = csv.DictWriter(_LineFeed(self._file), fieldnames=list(fields),  # type: ignore[arg-type]
+                                      extrasaction="ignore", lineterminator="\r\n")
         self._writer.writeheader()
         self.count = 0
 

@@ -42,7 +42,7 @@ FITS = ("crop", "pad", "stretch")
 ENCODINGS = ("original", "jpeg", "png", "raw")
 CHANNELS = (0, 1, 3, 4)
 FILTER = "lanczos"
-MAX_SIDE = 65_535
+MAX_SIDE = 65_500  # the largest side a JPEG can have (libjpeg's JPEG_MAX_DIMENSION)
 _RESIZE = re.compile(r"^(?:(longest|shortest):(\d+)|(\d+)x(\d+))$")
 _MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
 
@@ -109,7 +109,7 @@ def check_options(opts: ImageOptions) -> None:
         raise ConfigError(f"fit must be one of {', '.join(FITS)}, not {opts.fit!r}")
     if opts.encoding not in ENCODINGS:
         raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}, not {opts.encoding!r}")
-    if isinstance(opts.channels, bool) or opts.channels not in CHANNELS:
+    if type(opts.channels) is not int or opts.channels not in CHANNELS:
         raise ConfigError(f"channels must be 0 (as decoded), 1 (grey), 3 (RGB) or 4 (RGBA), not {opts.channels!r}")
     if isinstance(opts.jpeg_quality, bool) or not isinstance(opts.jpeg_quality, int) \
             or not 1 <= opts.jpeg_quality <= 100:
@@ -212,6 +212,17 @@ def planned_facts(opts: ImageOptions, fmt: str, width: str, height: str, channel
             str(out.num_bytes) if out.format == "raw" else "")
 
 
+def too_big(planned: tuple[str, ...], max_pixels: int) -> str:
+    """Why a record of ``planned_facts`` cannot be made (more than ``max_pixels``, or a JPEG side over
+    ``MAX_SIDE``), or ``""``."""
+    width, height, fmt = int(planned[0]), int(planned[1]), planned[3]
+    if width * height > max_pixels:
+        return f"resize makes it {width}x{height}, more than max_pixels {max_pixels}"
+    if fmt == "jpeg" and max(width, height) > MAX_SIDE:
+        return f"a {width}x{height} JPEG: JPEG sides are at most {MAX_SIDE} px"
+    return ""
+
+
 def planned_bytes(encoded_bytes: str, fmt: str, width: str, height: str, channels: str, jpeg_quality: int) -> int:
     """A record's image size for planning shards: known, or estimated for an image the writer will encode
     (JPEG at quality Q: about 0.1 to 0.7 bytes per pixel and channel; PNG: 0.6 of the raw size)."""
@@ -297,13 +308,13 @@ def make_image(data: bytes, out: Output, opts: ImageOptions, max_pixels: int) ->
     (JPEG at ``opts.jpeg_quality``, PNG, or raw ``uint8`` H x W x C). Deterministic."""
     from PIL import ImageOps
 
-    from .probe import _open, _orientation, sniff_format
+    from .probe import _open, sniff_format, upright_orientation
 
     fmt = sniff_format(data)
     if fmt is None:
         raise ValueError("content is not a known image format")
     image = _open(data, fmt, max_pixels)
-    orientation = _orientation(image)
+    orientation = upright_orientation(data, fmt, image)  # the rule inspection used for the planned size
     if fmt == "jpeg" and out.resized:
         image.draft(image.mode if image.mode in ("L", "RGB") else None,
                     _draft_size(image, out, opts, orientation in (5, 6, 7, 8)))

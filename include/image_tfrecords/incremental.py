@@ -30,6 +30,7 @@ from .discovery import DISCOVERED_FIELDS
 from .documents import read_rows
 from .imaging import ImageOptions
 from .manifest import RecordSchema
+from .metadata import DEFAULT_SEPARATOR
 from .storage import Storage, join
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
@@ -91,6 +92,9 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSche
         return f"version {base.version} has other record features"
     if base.manifest.get("image", ImageOptions().describe()) != cfg.image_options.describe():
         return f"image options changed since version {base.version}"
+    if (base.manifest.get("columns", {}), base.manifest.get("label_separator", DEFAULT_SEPARATOR)) != \
+            (cfg.columns, cfg.label_separator):
+        return f"columns or label_separator changed since version {base.version}"
     for name in ("splits", "salt", "shard_size_mb"):
         if params.get(name) != getattr(cfg, name):
             return f"{name} changed since version {base.version}"

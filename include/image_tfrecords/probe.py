@@ -253,13 +253,20 @@ def _encode(image: Any, fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def upright_orientation(data: bytes, fmt: str, image: Any) -> int:
+    """The EXIF orientation a record applies to ``image`` (opened from ``data``): a PNG without an
+    ``eXIf`` chunk is upright (its text chunks may hold EXIF that decoders ignore, and getexif() would
+    decode the pixels to find it)."""
+    if fmt == "png" and b"eXIf" not in data:
+        return 1
+    return _orientation(image)
+
+
 def _needs_transcoding(data: bytes, fmt: str, image: Any) -> bool:
     """Not a JPEG/PNG, a CMYK/YCCK JPEG, or not upright: the record cannot store the file as is."""
     if fmt not in ("jpeg", "png") or image.mode in ("CMYK", "YCCK"):
         return True
-    if fmt == "png" and b"eXIf" not in data:  # no EXIF, so upright (and getexif() would decode the pixels)
-        return False
-    return _orientation(image) not in (1, 0)
+    return upright_orientation(data, fmt, image) not in (1, 0)
 
 
 def _transcode(data: bytes, fmt: str, max_pixels: int, decoded: Any = None) -> tuple[str, str, bytes]:
@@ -270,7 +277,7 @@ def _transcode(data: bytes, fmt: str, max_pixels: int, decoded: Any = None) -> t
     from PIL import ImageOps
 
     image = decoded if decoded is not None and fmt not in ("jpeg", "png") else _open(data, fmt, max_pixels)
-    rotate = _orientation(image) not in (1, 0)
+    rotate = upright_orientation(data, fmt, image) not in (1, 0)
     if fmt == "jpeg" and image.mode in ("CMYK", "YCCK"):
         image.load()
         image = image.convert("RGB")

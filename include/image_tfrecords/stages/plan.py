@@ -21,7 +21,6 @@ full build (after many deletions), it compacts: it is planned as a full build.
 
 from __future__ import annotations
 
-import csv
 import io
 import os
 import struct
@@ -33,7 +32,7 @@ from typing import Any
 
 from .. import planning
 from ..config import BuildConfig
-from ..documents import RowWriter, read_json, read_rows, write_json
+from ..documents import RowWriter, csv_writer, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..imaging import planned_bytes
 from ..incremental import COMPACTION_FACTOR, Base, base_of, survivors, why_not_reuse_shards
@@ -213,7 +212,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
         buffers.clear()
 
     text = io.StringIO()
-    line_writer = csv.writer(text, lineterminator="\n")
+    line_writer = csv_writer(text)
     with read_rows(storage, staged(cfg, RECORDS)) as rows, \
             RowWriter(storage, staged(cfg, LABELS), (*record_fields(cfg), "shard")) as labels:
         if tuple(rows.fieldnames or ()) != record_fields(cfg):
@@ -252,7 +251,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
 def labels_header(cfg: BuildConfig) -> str:
     """labels.csv's header line (and the members files')."""
     text = io.StringIO()
-    csv.writer(text, lineterminator="\n").writerow([*record_fields(cfg), "shard"])
+    csv_writer(text).writerow([*record_fields(cfg), "shard"])
     return text.getvalue()
 
 

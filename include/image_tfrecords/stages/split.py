@@ -10,7 +10,7 @@ from .. import layout
 from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
-from ..imaging import planned_bytes, planned_facts
+from ..imaging import planned_bytes, planned_facts, too_big
 from ..manifest import REJECTS_FIELDS, record_fields
 from ..progress import summarized
 from ..splitting import DuplicateResolver, assign_split
@@ -90,8 +90,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     record[label_id] = class_ids[values[label]]
                 if not opts.is_default:
                     planned = planned_facts(opts, record[fmt], *(record[i] for i in facts if i != fmt))
-                    if int(planned[0]) * int(planned[1]) > cfg.max_pixels:  # upscale: shortest:N of a long strip
-                        detail = f"resize makes it {planned[0]}x{planned[1]}, more than max_pixels {cfg.max_pixels}"
+                    if detail := too_big(planned, cfg.max_pixels):  # upscale: shortest:N of a long strip
                         rejects.write({"filename": values[name], "reason": "too_many_pixels", "detail": detail})
                         reasons["too_many_pixels"] += 1
                         continue

@@ -70,6 +70,7 @@ def _already_written(cfg: BuildConfig, storage: Storage, shard: str, members_sha
         return None
     receipt = read_json(storage, receipt_uri)
     if receipt.get("members_sha256") == members_sha and "reused_from" not in receipt and \
+            receipt.get("made_with") == made_with(cfg) and \
             receipt.get("rewritten_from") == rewritten_from and \
             storage.sha256_of(staged(cfg, SHARDS, shard)) == receipt["sha256"] and \
             storage.sha256_of(staged(cfg, SHARDS, layout.index_file(shard))) == receipt.get("index_sha256"):
@@ -77,12 +78,21 @@ def _already_written(cfg: BuildConfig, storage: Storage, shard: str, members_sha
     return None
 
 
+def made_with(cfg: BuildConfig) -> dict[str, Any]:
+    """What decides the bytes of records made from the source besides their members' rows: the image
+    options (``fit`` and ``jpeg_quality`` are in no row) and the Pillow that makes the images. A staged
+    shard made otherwise (an interrupted build resumed with other options) is written again."""
+    from PIL import __version__ as pillow
+
+    return {**cfg.image_options.describe(), "pillow": pillow}
+
+
 def _stage(cfg: BuildConfig, storage: Storage, shard: str, path: str, writer: TFRecordWriter, raw: HashingWriter,
            members_sha: str, **extra: Any) -> dict[str, Any]:
     """Stage a written shard, its ``.tfindex`` and its receipt."""
     index = writer.index()
     receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": raw.num_bytes,
-               "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha,
+               "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha, "made_with": made_with(cfg),
                "index_sha256": hashlib.sha256(index).hexdigest(), **extra}
     storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
     storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
