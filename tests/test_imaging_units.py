@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from image_tfrecords.config import parse_columns
 from image_tfrecords.errors import ConfigError
 from image_tfrecords.example import decode_example, encode_example
 from image_tfrecords.imaging import (
@@ -21,7 +22,7 @@ from image_tfrecords.imaging import (
     planned_facts,
     resized_size,
 )
-from image_tfrecords.metadata import BadValue, feature_value, label_set, normal_value, parse_columns
+from image_tfrecords.metadata import BadValue, feature_value, label_set, normal_value
 
 
 @pytest.mark.parametrize(("text", "size", "fit", "upscale", "expected"), [

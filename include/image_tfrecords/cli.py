@@ -37,12 +37,13 @@ from .config import (
     BuildConfig,
     ConfigError,
     check_location,
+    parse_columns,
     parse_splits,
 )
 from .errors import BuildError, ImageTfrecordsError, LockHeld
 from .imaging import ENCODINGS, FITS
 from .locking import LeaseKeeper
-from .metadata import DEFAULT_SEPARATOR, parse_columns
+from .metadata import DEFAULT_SEPARATOR
 from .parallel import process_pool
 from .preflight import check_locations, check_temp_dir, os_error_line
 from .probe import MAX_PIXELS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 from .errors import ConfigError
 from .imaging import ImageOptions, Resize, check_options, parse_resize
 from .layout import STAGING, is_name
-from .metadata import DEFAULT_SEPARATOR, check_columns, check_separator
+from .metadata import DEFAULT_SEPARATOR, TYPES, check_columns, check_separator
 from .probe import MAX_PIXELS
 from .storage import is_s3, join
 from .tfrecord import COMPRESSIONS
@@ -28,20 +29,42 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs
 
 
 
+def _pairs(text: str, what: str, value: str) -> dict[str, str]:
+    """``"a=x, b=y"`` -> ``{"a": "x", "b": "y"}`` (order kept); ConfigError for a part that is not
+    ``NAME=VALUE`` or a name given twice."""
+    pairs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, item = part.partition("=")
+        if not sep:
+            raise ConfigError(f"{what} {part!r} is not NAME={value}")
+        if name.strip() in pairs:
+            raise ConfigError(f"{what} {name.strip()!r} is given more than once")
+        pairs[name.strip()] = item
+    return pairs
+
+
 def parse_splits(text: str) -> dict[str, float]:
     """``"train=0.8,validation=0.1,test=0.1"`` -> ``{"train": 0.8, ...}`` (order kept)."""
     splits: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep:
-            raise ConfigError(f"split {part!r} is not NAME=FRACTION")
-        if name.strip() in splits:
-            raise ConfigError(f"split {name.strip()!r} is given more than once")
+    for name, value in _pairs(text, "split", "FRACTION").items():
         try:
-            splits[name.strip()] = float(value)
+            splits[name] = float(value)
         except ValueError:
-            raise ConfigError(f"split {name.strip()!r} has a fraction that is not a number: {value!r}") from None
+            raise ConfigError(f"split {name!r} has a fraction that is not a number: {value!r}") from None
     return splits
+
+
+def parse_columns(text: str) -> dict[str, str]:
+    """``"caption=string,weight=float"`` (or a JSON object) -> ``{"caption": "string", ...}``."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"columns {text!r} is not a JSON object: {exc}") from None
+        return check_columns(value)
+    pairs = _pairs(text, "column", f"TYPE (types: {', '.join(TYPES)})")
+    return check_columns({name: kind.strip() for name, kind in pairs.items()})
 
 
 def check_location(what: str, value: Any) -> str:

@@ -41,30 +41,6 @@ class BadValue(ValueError):
     """A metadata value that does not have its column's type."""
 
 
-def parse_columns(text: str) -> dict[str, str]:
-    """``"caption=string,weight=float"`` (or a JSON object) -> ``{"caption": "string", ...}``."""
-    text = text.strip()
-    if not text:
-        return {}
-    if text.startswith("{"):
-        import json
-
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"columns {text!r} is not a JSON object: {exc}") from None
-        return check_columns(value)
-    columns: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, kind = part.partition("=")
-        if not sep:
-            raise ConfigError(f"column {part!r} is not NAME=TYPE (types: {', '.join(TYPES)})")
-        if name.strip() in columns:
-            raise ConfigError(f"column {name.strip()!r} is given more than once")
-        columns[name.strip()] = kind.strip()
-    return check_columns(columns)
-
-
 def check_columns(columns: Any) -> dict[str, str]:
     """Validate a ``columns`` declaration; returns it with type aliases resolved."""
     if not isinstance(columns, Mapping):
