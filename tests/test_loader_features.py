@@ -10,7 +10,6 @@ known; the end-to-end tests at the bottom build them with the command line.
 from __future__ import annotations
 
 import csv
-import functools
 import hashlib
 import io
 import json
@@ -452,18 +451,6 @@ def test_shard_files_fetches_s3_shards(s3_env: dict[str, str], bucket: str, ever
 
 
 # -- end to end: built with the command line ---------------------------------------------------------------------------
-@functools.cache
-def build_help() -> str:
-    result = subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
-    return result.stdout
-
-
-# evaluated when a marked test runs, not when the module is imported (test_tfds_metadata imports it)
-needs_build_options = pytest.mark.skipif("'--encoding' not in build_help()",
-                                         reason="the build side of issue 14 (--encoding, --columns) is not there")
-
-
 def build(*args: str) -> None:
     result = subprocess.run([sys.executable, "-m", "image_tfrecords", "build", *args, "--workers", "1",
                              "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -496,8 +483,6 @@ def labelled_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def built(labelled_source: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    if "--encoding" not in build_help():
-        pytest.skip("the build side of issue 14 (--encoding, --columns) is not there")
     dest = tmp_path_factory.mktemp("built")
     build("--source", str(labelled_source), "--destination", str(dest), "--dataset", "labelled", "--version", "v1",
           "--encoding", "raw", "--channels", "3", "--resize", "32x32", "--upscale",
@@ -510,7 +495,6 @@ def source_rows(src: Path) -> dict[str, dict[str, str]]:
         return {row["filename"]: row for row in csv.DictReader(f)}
 
 
-@needs_build_options
 def test_e2e_built_raw_multi_label_with_columns(built: str, labelled_source: Path) -> None:
     manifest = info(built)
     assert manifest["multi_label"] is True and "image/raw" in manifest["features"]
@@ -541,7 +525,6 @@ def test_e2e_built_raw_multi_label_with_columns(built: str, labelled_source: Pat
     assert images.shape == (n, 8, 8, 1) and isinstance(ids, tf.RaggedTensor)
 
 
-@needs_build_options
 def test_e2e_make_batched_features_dataset(built: str) -> None:
     manifest = info(built)
     count = 0
@@ -559,7 +542,6 @@ def test_e2e_make_batched_features_dataset(built: str) -> None:
     assert count == manifest["num_records"]
 
 
-@needs_build_options
 def test_e2e_tfds_reads_the_built_version(built: str) -> None:
     import tensorflow_datasets as tfds
 
@@ -595,7 +577,6 @@ print(json.dumps(out))
 """
 
 
-@needs_build_options
 def test_e2e_tfrecord_package_reads_raw_multi_label(built: str) -> None:
     """docs/readers.md's notes for PyTorch's ``tfrecord`` package on a raw multi-label version (in a
     process of its own: its protos clash with TensorFlow's in one process)."""
@@ -618,15 +599,12 @@ ALL_COLUMNS = "caption=string,weight=float,tags=string_list,count=int64,ids=int6
 @pytest.fixture(scope="module")
 def built_encoded(labelled_source: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The same source, images kept as files (PNG and JPEG, sizes as they are), every column type."""
-    if "--encoding" not in build_help():
-        pytest.skip("the build side of issue 14 (--encoding, --columns) is not there")
     dest = tmp_path_factory.mktemp("built_encoded")
     build("--source", str(labelled_source), "--destination", str(dest), "--dataset", "labelled", "--version", "v1",
           "--columns", ALL_COLUMNS)
     return str(dest / "labelled")
 
 
-@needs_build_options
 def test_e2e_encoded_multi_label_every_column_type(built_encoded: str, labelled_source: Path) -> None:
     import tensorflow_datasets as tfds
 
@@ -657,7 +635,6 @@ def test_e2e_encoded_multi_label_every_column_type(built_encoded: str, labelled_
     assert sum(int(labels.shape[0]) for _, labels in pairs) == manifest["splits"]["train"]["num_records"]
 
 
-@needs_build_options
 def test_e2e_raw_of_varying_size(labelled_source: Path, tmp_path: Path) -> None:
     """Raw pixels without a fixed size: the loader reads them (batched with image_size), TFDS gets nothing."""
     build("--source", str(labelled_source), "--destination", str(tmp_path), "--dataset", "labelled", "--version",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -187,8 +188,9 @@ class BuildConfig:
             raise ConfigError(f"resize {resize} makes images of up to {largest} pixels, more than max_pixels "
                               f"{self.max_pixels}")
 
-    @property
+    @functools.cached_property
     def image_options(self) -> ImageOptions:
+        """The image options, parsed once (the writer asks for them per record)."""
         resize = parse_resize(self.resize) if isinstance(self.resize, str) else Resize()
         return ImageOptions(resize, self.fit, self.upscale, self.encoding, self.jpeg_quality, self.channels)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import ConfigError
@@ -301,6 +301,20 @@ def _draft_size(image: Any, out: Output, opts: ImageOptions, rotated: bool) -> t
         need = (out.width, out.height)
     need = (need[1], need[0]) if rotated else need
     return 2 * need[0], 2 * need[1]
+
+
+def record_image(data: bytes, row: dict[str, str], opts: ImageOptions, max_pixels: int,
+                 viewable: bool = False) -> bytes:
+    """The image a record with labels.csv ``row`` stores for source ``data``: as inspection decided (checked
+    against its ``encoded_sha256``), or made by ``make_image`` when the row plans none. ``viewable``: raw
+    pixels as a PNG instead (the card's samples)."""
+    from .probe import stored_bytes
+
+    if row["encoded_sha256"]:
+        return stored_bytes(data, row, max_pixels)
+    out = Output.of_row(row)
+    return make_image(data, replace(out, format="png") if viewable and out.format == "raw" else out, opts,
+                      max_pixels)
 
 
 def make_image(data: bytes, out: Output, opts: ImageOptions, max_pixels: int) -> bytes:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
-from ..imaging import Output, make_image
-from ..probe import stored_bytes
+from ..imaging import record_image
 from ..progress import summarized
 from ..reading import read_source
 from ..storage import Storage, join
@@ -43,11 +41,7 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
             if hashlib.sha256(data).hexdigest() != row["sha256"]:
                 return None
-            if row["encoded_sha256"]:
-                return stored_bytes(data, row, cfg.max_pixels)
-            out = Output.of_row(row)  # made by the writer: made again (raw pixels as a PNG, to show)
-            return make_image(data, replace(out, format="png") if out.format == "raw" else out, cfg.image_options,
-                              cfg.max_pixels)
+            return record_image(data, row, cfg.image_options, cfg.max_pixels, viewable=True)
         except Exception:  # RejectedImage, ValueError, Pillow's errors: no sample rather than no card
             return None
 

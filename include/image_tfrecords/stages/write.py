@@ -21,11 +21,11 @@ from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
 from ..example import decode_example, encode_example
-from ..imaging import Output, make_image
+from ..imaging import record_image
 from ..incremental import FULL_REBUILD
 from ..manifest import RecordSchema, example_features
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
-from ..probe import RejectedImage, stored_bytes
+from ..probe import RejectedImage
 from ..progress import ProgressLog
 from ..reading import read_source
 from ..storage import HashingReader, HashingWriter, Storage, join
@@ -112,10 +112,7 @@ def _record_from_source(cfg: BuildConfig, storage: Storage, schema: RecordSchema
     if hashlib.sha256(data).hexdigest() != row["sha256"]:
         raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
     try:
-        if row["encoded_sha256"]:
-            encoded = stored_bytes(data, row, cfg.max_pixels)
-        else:
-            encoded = make_image(data, Output.of_row(row), cfg.image_options, cfg.max_pixels)
+        encoded = record_image(data, row, cfg.image_options, cfg.max_pixels)
     except (ValueError, RejectedImage) as exc:
         raise BuildError(f"{row['filename']}: {exc}") from exc
     except Exception as exc:  # Pillow raises many types; the image decoded at inspection
