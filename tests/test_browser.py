@@ -52,16 +52,18 @@ def _ensure_chromium() -> None:
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
+    """``predicate()``'s first truthy value; past ``timeout`` an error naming what it last saw."""
     deadline = time.monotonic() + timeout
+    last: Any = None
     while True:
         try:
-            result = predicate()
-        except (OSError, WebDriverError):
-            result = None
+            result = last = predicate()
+        except (OSError, WebDriverError) as exc:
+            result, last = None, exc
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last saw {last!r:.500}")
         time.sleep(interval)
 
 
@@ -227,6 +229,20 @@ def _save(browser: Browser, tmp_path: Path, name: str) -> None:
         (ROOT / "docs" / "images" / name).write_bytes(data)
 
 
+def _wait_for_path(browser: Browser, suffix: str, timeout: float, what: str) -> None:
+    """Wait until the top window's address ends with ``suffix``; the error names the address last seen."""
+    seen: list[str] = []
+
+    def arrived() -> bool:
+        seen.append(browser.js("return location.pathname"))
+        return seen[-1].endswith(suffix)
+
+    try:
+        _wait(arrived, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the address was {seen[-1] if seen else 'never read'!r}") from None
+
+
 def _evidence(browser: Browser, tmp_path: Path) -> None:
     """On failure: a screenshot and the DOM of what the browser showed, next to the server logs."""
     try:
@@ -285,9 +301,10 @@ def test_datasets_page_in_the_airflow_ui(api_server: str, published: dict[str, s
         # The UI's navigation has the entry; opening it shows the page inside the UI, in an iframe.
         entry = _wait(lambda: browser.js(FIND_ENTRY, "TFRecord datasets"), 60, "the 'TFRecord datasets' nav entry")
         browser.click(entry)
-        _wait(lambda: browser.js("return location.pathname").endswith("/plugin/tfrecord-datasets"), 20, "the route")
+        # Generous waits: on a cold machine the UI's first navigation can take many seconds.
+        _wait_for_path(browser, "/plugin/tfrecord-datasets", 60, "the route")
         frame = _wait(lambda: browser.js("return document.querySelector('iframe[title=\"TFRecord datasets\"]')"),
-                      20, "the page's iframe")
+                      60, "the page's iframe")
         browser.frame(frame)
         row = _wait(lambda: browser.js(f"return document.querySelector('tr.version[data-version=\"{version}\"]')"),
                     30, "the version row")
@@ -310,7 +327,7 @@ def test_datasets_page_in_the_airflow_ui(api_server: str, published: dict[str, s
         browser.frame(frame)
         browser.click(browser.js("return document.querySelector('a.card')"))
         browser.frame(None)
-        _wait(lambda: browser.js("return location.pathname").endswith(f"/{version}/card"), 20, "the card's route")
+        _wait_for_path(browser, f"/{version}/card", 60, "the card's route")
         browser.frame(browser.js("return document.querySelector('iframe[title=\"TFRecord datasets\"]')"))
         check_card(browser, dataset, manifest["classes"])
         browser.frame(None)

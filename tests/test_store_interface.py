@@ -221,3 +221,17 @@ def test_the_s3_checksum_conversion() -> None:
     assert from_s3_checksum(to_s3_checksum(digest)) == digest
     assert from_s3_checksum(None) is None and from_s3_checksum("") is None
     assert from_s3_checksum("ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0=-3") is None  # multipart: not a digest
+
+
+def test_the_test_server_has_room_for_a_bucket_per_test(s3_server: Any) -> None:
+    """Each bucket is a SeaweedFS collection holding volumes of its own. With the default volume count
+    (free disk / 1 GB), a CI machine with 45 GB free failed every PUT of the suite's 45th bucket, so
+    the server this project starts sets it: at least 1,000 volumes, whatever the disk."""
+    import json
+    import urllib.request
+
+    if s3_server.pid is None:
+        pytest.skip("an existing S3 server (IMAGE_TFRECORDS_S3_ENDPOINT): its volumes are its own")
+    with urllib.request.urlopen(f"http://127.0.0.1:{s3_server.ports[0]}/dir/status", timeout=10) as response:
+        topology = json.loads(response.read())["Topology"]
+    assert topology["Max"] >= 1000, topology

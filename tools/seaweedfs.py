@@ -23,6 +23,7 @@ from typing import Any
 
 ENDPOINT_ENV = "IMAGE_TFRECORDS_S3_ENDPOINT"
 PORT_FLAGS = ("-master.port", "-volume.port", "-filer.port", "-admin.port", "-s3.port")
+VOLUME_SIZE_MB, MAX_VOLUMES = 64, 2000
 
 
 @dataclass
@@ -108,7 +109,11 @@ def start(data_dir: str, access_key: str = "tfrecords", secret_key: str = "tfrec
     args = [weed_binary(), f"-logdir={data_dir}/log", "mini", f"-dir={data_dir}", "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.autoCreateBucket=false",
-            f"-filer.localSocket={data_dir}/filer.sock", f"-s3.localSocket={data_dir}/s3.sock"]
+            f"-filer.localSocket={data_dir}/filer.sock", f"-s3.localSocket={data_dir}/s3.sock",
+            # Each bucket is a collection with volumes of its own. By default the number of volumes is
+            # the free disk divided by a 1 GB volume size, so with 45 GB free the 45th bucket fails every
+            # PUT ("no free volumes left"). Small, many volumes (sparse files) do not depend on the disk.
+            f"-master.volumeSizeLimitMB={VOLUME_SIZE_MB}", f"-volume.max={MAX_VOLUMES}"]
     args += [f"{flag}={port}" for flag, port in zip(PORT_FLAGS, ports, strict=True)]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
     with open(os.path.join(data_dir, "weed.out"), "ab") as out:
