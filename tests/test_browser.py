@@ -229,13 +229,13 @@ def _save(browser: Browser, tmp_path: Path, name: str) -> None:
         (ROOT / "docs" / "images" / name).write_bytes(data)
 
 
-def _wait_for_path(browser: Browser, suffix: str, timeout: float, what: str) -> None:
-    """Wait until the top window's address ends with ``suffix``; the error names the address last seen."""
+def _wait_for_path(browser: Browser, wanted: Callable[[str], bool], timeout: float, what: str) -> None:
+    """Wait until the top window's path is ``wanted``; the error names the path last seen."""
     seen: list[str] = []
 
     def arrived() -> bool:
         seen.append(browser.js("return location.pathname"))
-        return seen[-1].endswith(suffix)
+        return wanted(seen[-1])
 
     try:
         _wait(arrived, timeout, what)
@@ -301,8 +301,9 @@ def test_datasets_page_in_the_airflow_ui(api_server: str, published: dict[str, s
         # The UI's navigation has the entry; opening it shows the page inside the UI, in an iframe.
         entry = _wait(lambda: browser.js(FIND_ENTRY, "TFRecord datasets"), 60, "the 'TFRecord datasets' nav entry")
         browser.click(entry)
-        # Generous waits: on a cold machine the UI's first navigation can take many seconds.
-        _wait_for_path(browser, "/plugin/tfrecord-datasets", 60, "the route")
+        # The UI mirrors the iframe's address into its own once the page loads (/plugin/<route>/<the
+        # page's path>), so the route is a prefix. Generous waits: a cold machine can take many seconds.
+        _wait_for_path(browser, lambda path: path.startswith("/plugin/tfrecord-datasets"), 60, "the route")
         frame = _wait(lambda: browser.js("return document.querySelector('iframe[title=\"TFRecord datasets\"]')"),
                       60, "the page's iframe")
         browser.frame(frame)
@@ -327,7 +328,7 @@ def test_datasets_page_in_the_airflow_ui(api_server: str, published: dict[str, s
         browser.frame(frame)
         browser.click(browser.js("return document.querySelector('a.card')"))
         browser.frame(None)
-        _wait_for_path(browser, f"/{version}/card", 60, "the card's route")
+        _wait_for_path(browser, lambda path: path.endswith(f"/{version}/card"), 60, "the card's route")
         browser.frame(browser.js("return document.querySelector('iframe[title=\"TFRecord datasets\"]')"))
         check_card(browser, dataset, manifest["classes"])
         browser.frame(None)
