@@ -23,8 +23,13 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# The test modules run on TEST_WORKERS processes (pytest-xdist), each module whole on one process, so
+# that a module's fixtures (a PostgreSQL, a fresh venv) are made once; the slowest modules start first
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process; TEST_ARGS adds pytest options.
+TEST_WORKERS ?= 2
+TEST_ARGS ?=
 test: install lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(TEST_ARGS)
 
 # Benchmark against the seed-style converters and `cp -r` (writes BENCHMARKS.md, benchmarks.png).
 # Corpora come from bench/make_corpus.py (Debian's mate-backgrounds photos via `apt-get download`,
