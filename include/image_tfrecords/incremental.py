@@ -103,6 +103,20 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSche
     return ""
 
 
+def missing_base_files(storage: Storage, base: Base) -> str:
+    """What the base lacks of the files an incremental build reads (its labels.csv, any shard or
+    ``.tfindex`` its manifest lists), as one phrase; ``""`` when it has them all. One listing."""
+    files = set(storage.list_children(base.uri)[1])
+    needed = [layout.LABELS] + [name for info in base.manifest.get("splits", {}).values()
+                                for shard in info.get("shards", [])
+                                for name in (shard["file"], layout.index_file(shard["file"]))]
+    missing = [name for name in needed if name not in files]
+    if not missing:
+        return ""
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return f"version {base.version} is damaged: {missing[0]}{more} is missing"
+
+
 def _database(folder: str, name: str, schema: str) -> sqlite3.Connection:
     db = sqlite3.connect(os.path.join(folder, name))
     db.execute("PRAGMA journal_mode = OFF")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -70,14 +71,21 @@ def is_name(text: str) -> bool:
 
 
 # -- versions --------------------------------------------------------------------------------
-def previous_version(storage: Storage, dataset_uri: str, version: str) -> str | None:
-    """The newest published version that sorts before ``version`` (what a build of it follows).
+def published_before(storage: Storage, dataset_uri: str, version: str | None = None) -> Iterator[str]:
+    """The published versions (with ``_SUCCESS``) that sort before ``version`` (None: all), newest first.
 
-    One delimiter listing, then existence checks newest first until one is published (usually one).
+    One delimiter listing, then an existence check per version as the caller asks for the next one.
     """
-    earlier = [v for v in storage.list_dirs(dataset_uri) if is_name(v) and version_key(v) < version_key(version)]
-    return next((v for v in sorted(earlier, key=version_key, reverse=True)
-                 if storage.exists(join(dataset_uri, v, SUCCESS))), None)
+    names = [v for v in storage.list_dirs(dataset_uri)
+             if is_name(v) and (version is None or version_key(v) < version_key(version))]
+    for name in sorted(names, key=version_key, reverse=True):
+        if storage.exists(join(dataset_uri, name, SUCCESS)):
+            yield name
+
+
+def previous_version(storage: Storage, dataset_uri: str, version: str) -> str | None:
+    """The newest published version that sorts before ``version``."""
+    return next(published_before(storage, dataset_uri, version), None)
 
 
 def read_latest(storage: Storage, dataset_uri: str) -> str | None:
@@ -98,19 +106,29 @@ def _latest_version(data: bytes | None) -> str | None:
 
 
 def update_latest(storage: Storage, dataset_uri: str, version: str, attempts: int = 20) -> str:
-    """Point ``latest.json`` at ``version`` unless it already names a newer one; returns its version.
+    """Point ``latest.json`` at ``version`` unless it already names a newer published one; returns its version.
 
     A conditional write (compare-and-swap on the object's ETag, or a lock locally), so two builds
-    finishing at once never move it backwards.
+    finishing at once never move it backwards. A ``latest.json`` that names a version which is not
+    published (deleted, or never finished) is repaired: it then names the newest published version.
     """
     uri = join(dataset_uri, LATEST)
     for _ in range(attempts):
         data, tag = storage.read_with_tag(uri)
         current = _latest_version(data)
-        if current is not None and version_key(current) >= version_key(version):
+        if current == version:
             return current
-        if storage.write_if_unchanged(uri, (json.dumps({"version": version}) + "\n").encode(), tag):
-            return version
+        target = version
+        if current is None or version_key(current) > version_key(version):
+            if current is not None and storage.exists(join(dataset_uri, current, SUCCESS)):
+                return current
+            # absent, damaged, or naming a version that is not published: the newest published one
+            newest = next(published_before(storage, dataset_uri), None)
+            if newest is None and current is not None:
+                return current  # nothing published to point it at
+            target = newest or version
+        if storage.write_if_unchanged(uri, (json.dumps({"version": target}) + "\n").encode(), tag):
+            return target
     raise StoreBusy(f"{uri} kept changing while it was being updated")
 
 

@@ -9,8 +9,9 @@ from typing import Any
 from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
+from ..errors import DamagedFile
 from ..imaging import record_image
-from ..progress import summarized
+from ..progress import log, summarized
 from ..reading import read_source
 from ..storage import Storage, join
 from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, staged
@@ -27,13 +28,10 @@ def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
 @summarized
 def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Render the card into staging (``card-files/``, listed in ``card-files.json``)."""
-    from ..card import PreviousVersion, build_card
+    from ..card import build_card
 
     manifest = read_json(storage, staged(cfg, MANIFEST))
-    previous = None
-    if manifest["previous_version"]:
-        earlier = join(cfg.dataset_uri, manifest["previous_version"])
-        previous = PreviousVersion(layout.read_manifest(storage, earlier), _rows(storage, join(earlier, layout.LABELS)))
+    previous = _previous(cfg, storage, manifest["previous_version"])
 
     def fetch_image(row: dict[str, str]) -> bytes | None:
         """The record's image bytes, from the source (None if it changed or vanished since the build)."""
@@ -51,3 +49,22 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         storage.write_bytes(staged(cfg, CARD, name), files[name])
     write_json(storage, staged(cfg, CARD_INDEX), sorted(files))
     return {"files": len(files), "bytes": sum(map(len, files.values()))}
+
+
+def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
+    """The previous version for the card's diff; None (a card without one, said in the log) when there is
+    none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build."""
+    from ..card import PreviousVersion
+
+    if not version:
+        return None
+    earlier = join(cfg.dataset_uri, version)
+    try:
+        manifest = layout.read_manifest(storage, earlier)
+        if not storage.exists(join(earlier, layout.LABELS)):
+            raise FileNotFoundError(join(earlier, layout.LABELS))
+    except (FileNotFoundError, DamagedFile) as exc:
+        log.warning("the card has no changes since version %s: %s", version,
+                    f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)
+        return None
+    return PreviousVersion(manifest, _rows(storage, join(earlier, layout.LABELS)))

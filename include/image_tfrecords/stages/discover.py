@@ -8,11 +8,11 @@ from typing import Any
 from .. import __version__, layout
 from ..config import BuildConfig
 from ..discovery import DISCOVERED_FIELDS, DiscoveryCounts, discover
-from ..documents import RowWriter, write_json
-from ..errors import BuildError
+from ..documents import RowWriter, read_json, write_json
+from ..errors import BuildError, DamagedFile
 from ..incremental import RETRIED_REASONS
 from ..manifest import REJECTS_FIELDS
-from ..progress import summarized
+from ..progress import log, summarized
 from ..storage import Storage, join
 from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, METADATA, staged
 
@@ -39,17 +39,19 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     metadata.write_values((candidate.filename, *candidate.values))
     counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
     fingerprint = counts.fingerprint.hexdigest()
-    previous = layout.previous_version(storage, cfg.dataset_uri, cfg.version)
+    previous, manifest, damaged = readable_previous(cfg, storage)
     unchanged = None
-    if previous:
-        manifest = layout.read_manifest(storage, join(cfg.dataset_uri, previous))
+    # Never skipped: after a damaged version (it must not stay the newest), or when this version is itself
+    # published (a rerun after a publish that was cut short: publish finishes it, or says it differs)
+    if manifest is not None and not damaged and not storage.exists(join(cfg.version_uri, layout.SUCCESS)):
         retry = set(manifest.get("rejects_by_reason", {})) & set(RETRIED_REASONS)  # files to read again
         unchanged = previous if manifest.get("source_fingerprint") == fingerprint and not retry else None
     summary = {"layout": counts.layout, "multi_label": counts.multi_label, "listed": counts.listed,
                "skipped": counts.skipped,
                "skipped_by_kind": dict(sorted(counts.skipped_by_kind.items())),
                "after_cutoff": counts.after_cutoff, "candidates": found.count, "rejected": rejects.count,
-               "fingerprint": fingerprint, "previous_version": previous, "unchanged_since": unchanged}
+               "fingerprint": fingerprint, "previous_version": previous, "unchanged_since": unchanged,
+               "damaged_versions": damaged}
     write_json(storage, staged(cfg, DISCOVER_SUMMARY), summary)
     if not found.count:
         raise BuildError(f"no labelled images found under {cfg.source} ({counts.listed} files listed, "
@@ -57,8 +59,30 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     return summary
 
 
+def readable_previous(cfg: BuildConfig, storage: Storage) -> tuple[str | None, dict[str, Any] | None, list[str]]:
+    """The version this build follows: the newest published version before it whose manifest reads, its
+    manifest, and the newer published ones passed over because theirs is missing or damaged (each
+    ``"VERSION: why"``, also logged). Such a version is never a base: nothing of it is read again."""
+    damaged: list[str] = []
+    for version in layout.published_before(storage, cfg.dataset_uri, cfg.version):
+        try:
+            return version, layout.read_manifest(storage, join(cfg.dataset_uri, version)), damaged
+        except FileNotFoundError:
+            why = f"{version}: its {layout.MANIFEST} is missing"
+        except DamagedFile as exc:
+            why = f"{version}: {exc}"
+        damaged.append(why)
+        log.warning("version %s is published but damaged (%s): it is passed over, and this build follows the "
+                    "version before it", version, why.split(": ", 1)[1])
+    return None, None, damaged
+
+
 def discard_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
-    """Drop this build's staging prefix (when there is nothing new to build)."""
+    """Drop this build's staging prefix (when there is nothing new to build), and make sure ``latest.json``
+    names a published version (it may name a deleted one)."""
+    unchanged = read_json(storage, staged(cfg, DISCOVER_SUMMARY)).get("unchanged_since")
+    if unchanged:
+        layout.update_latest(storage, cfg.dataset_uri, unchanged)
     storage.delete_tree(cfg.staging_uri)
     storage.prune(join(cfg.dataset_uri, layout.STAGING))  # the _staging/ folder, once no build uses it
     return {"discarded": cfg.staging_uri}

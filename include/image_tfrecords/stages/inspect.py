@@ -30,6 +30,7 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
+from .. import layout
 from ..config import BuildConfig
 from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
@@ -38,10 +39,11 @@ from ..manifest import REJECTS_FIELDS
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
 from ..planning import MB
 from ..probe import MODERN_FORMATS, RejectedImage, inspect_image, sniff_format
-from ..progress import ProgressLog, summarized
+from ..progress import ProgressLog, log, summarized
 from ..reading import read_source
-from ..storage import Storage
+from ..storage import Storage, join
 from .staging import (
+    CARRIED,
     DISCOVER_SUMMARY,
     DISCOVERED,
     IMAGE_FIELDS,
@@ -56,7 +58,6 @@ from .staging import (
 )
 
 CHUNKS = "inspect/chunks.json"
-CARRIED = "inspect/carried.csv"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
 DONE_FIELDS = ("number", "label", *INSPECTION_FIELDS)
 
@@ -104,6 +105,9 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
     perhaps empty, so the steps after it always run). Returns ``{"chunks": n, ...}``."""
     base = base_of(cfg, storage, read_json(storage, staged(cfg, DISCOVER_SUMMARY))["previous_version"])
     why_not = why_not_reuse_inspection(cfg, base)
+    if base is not None and not why_not and not storage.exists(join(base.uri, layout.INSPECTED)):
+        why_not = f"version {base.version} is damaged: its {layout.INSPECTED} is missing"
+        log.warning("%s: every file is read again", why_not)
     with tempfile.TemporaryDirectory() as tmp, \
             inspections(storage, None if why_not else base, staged(cfg, DISCOVERED), tmp) as known:
         files = num_bytes = 0

@@ -35,9 +35,9 @@ from ..config import BuildConfig
 from ..documents import RowWriter, csv_writer, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..imaging import planned_bytes
-from ..incremental import COMPACTION_FACTOR, Base, base_of, survivors, why_not_reuse_shards
+from ..incremental import COMPACTION_FACTOR, Base, base_of, missing_base_files, survivors, why_not_reuse_shards
 from ..manifest import record_fields, schema_of
-from ..progress import summarized
+from ..progress import log, summarized
 from ..storage import Storage
 from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 
@@ -69,6 +69,8 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
     base = base_of(cfg, storage, summary["previous_version"])
     why_full = why_not_reuse_shards(cfg, base, schema_of(cfg, bool(summary.get("multi_label"))))
+    if base is not None and not why_full and (why_full := missing_base_files(storage, base)):
+        log.warning("%s: this version is built in full instead of on it", why_full)
     splits = list(summary["splits"])
     keys, sizes, split_of = array("d"), array("q"), array("b")
     split_number = {name: i for i, name in enumerate(splits)}

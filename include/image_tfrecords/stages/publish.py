@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any
 
@@ -10,7 +11,7 @@ from ..config import BuildConfig
 from ..documents import read_json
 from ..errors import BuildError
 from ..parallel import ordered_map
-from ..progress import ProgressLog, summarized
+from ..progress import ProgressLog, log, summarized
 from ..storage import Storage, join
 from ..tfds_metadata import tfds_metadata_files
 from .reuse import COPY_THREADS
@@ -20,8 +21,9 @@ from .staging import CARD, CARD_INDEX, INSPECTED, LABELS, MANIFEST, REJECTS, SHA
 @summarized
 def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREADS) -> dict[str, Any]:
     """Copy the validated build to ``DEST/DATASET/VERSION/``: shards and their ``.tfindex`` files, the
-    card, labels.csv, rejects.csv, inspected.csv, TFDS's metadata, ``manifest.json``; then ``_SUCCESS`` (the manifest's
-    SHA-256), then move ``latest.json`` forward. Rerunning it after success changes nothing.
+    card, labels.csv, rejects.csv, inspected.csv, TFDS's metadata, ``manifest.json``; remove whatever else
+    the folder holds (what an interrupted earlier attempt at this version left); then ``_SUCCESS`` (the
+    manifest's SHA-256), then move ``latest.json`` forward. Rerunning it after success changes nothing.
 
     The copies run on ``threads`` threads (server-side ``CopyObject`` on S3, hard links or copies locally).
     """
@@ -32,11 +34,30 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
             return _finish(cfg, storage, layout.read_manifest(storage, final), already=True)
         published = layout.manifest_uri(storage, final)
         if published is None or storage.read_bytes(published) != storage.read_bytes(staged_manifest):
+            layout.update_latest(storage, cfg.dataset_uri, cfg.version)  # it is published: latest may lag
             raise BuildError(f"version {cfg.version} is already published at {final} with different "
                              "content; published versions are immutable, so pick another version")
-        return _finish(cfg, storage, read_json(storage, staged_manifest), already=True)
+        manifest = read_json(storage, staged_manifest)
+        _remove_strays(storage, final, _published_names(cfg, storage, manifest))
+        return _finish(cfg, storage, manifest, already=True)
     manifest = read_json(storage, staged_manifest)
-    copies: list[tuple[str, str, str | None]] = []  # (staged, published, sha256 to check or None)
+    copies = _copies(cfg, storage, manifest)
+    with ProgressLog(f"publish {cfg.version}", len(copies), "files") as done:  # nothing is visible until _SUCCESS
+        for _ in ordered_map(lambda copy: storage.copy(*copy), copies, threads):
+            done(1)
+    for name, data in sorted(tfds_metadata_files(manifest).items()):
+        storage.write_bytes(join(final, name), data)
+    storage.copy(staged_manifest, join(final, layout.MANIFEST))
+    _remove_strays(storage, final, _published_names(cfg, storage, manifest))
+    manifest_sha = hashlib.sha256(storage.read_bytes(join(final, layout.MANIFEST))).hexdigest()
+    storage.write_bytes(join(final, layout.SUCCESS), (manifest_sha + "\n").encode())
+    return _finish(cfg, storage, manifest, already=False)
+
+
+def _copies(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(staged, published, sha256 to check or None) of every file publish copies from staging."""
+    final = cfg.version_uri
+    copies: list[tuple[str, str, str | None]] = []
     for split in manifest["splits"].values():
         for shard in split["shards"]:
             copies.append((staged(cfg, SHARDS, shard["file"]), join(final, shard["file"]), shard["sha256"]))
@@ -45,15 +66,28 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
     card_files = read_json(storage, staged(cfg, CARD_INDEX))
     copies += [(staged(cfg, CARD, name), join(final, name), None) for name in card_files]
     copies += [(staged(cfg, name), join(final, name), None) for name in (LABELS, REJECTS, INSPECTED)]
-    with ProgressLog(f"publish {cfg.version}", len(copies), "files") as done:  # nothing is visible until _SUCCESS
-        for _ in ordered_map(lambda copy: storage.copy(*copy), copies, threads):
-            done(1)
-    for name, data in sorted(tfds_metadata_files(manifest).items()):
-        storage.write_bytes(join(final, name), data)
-    storage.copy(staged_manifest, join(final, layout.MANIFEST))
-    manifest_sha = hashlib.sha256(storage.read_bytes(join(final, layout.MANIFEST))).hexdigest()
-    storage.write_bytes(join(final, layout.SUCCESS), (manifest_sha + "\n").encode())
-    return _finish(cfg, storage, manifest, already=False)
+    return copies
+
+
+def _published_names(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any]) -> set[str]:
+    """Every file of the published version, relative to its folder (``_SUCCESS`` included)."""
+    prefix = cfg.version_uri + "/"
+    return ({published[len(prefix):] for _, published, _ in _copies(cfg, storage, manifest)}
+            | set(tfds_metadata_files(manifest)) | {layout.MANIFEST, layout.SUCCESS})
+
+
+def _remove_strays(storage: Storage, final: str, names: set[str]) -> None:
+    """Delete every file under the version folder ``final`` that is not one of ``names``: shards of an
+    earlier attempt at this version (another shard count), its half-made temporaries, copies it had in
+    flight when it was killed. A reader that globs ``train-*.tfrecord`` then reads the manifest's shards."""
+    strays = [info.key for info in storage.iter_files(final, everything=True)
+              if info.kind != "folder_marker" and info.key not in names]
+    for key in strays:
+        with contextlib.suppress(FileNotFoundError):
+            storage.delete(join(final, key))
+    if strays:
+        log.info("publish: removed %d file(s) an earlier attempt at this version left in %s (%s%s)", len(strays),
+                 final, ", ".join(strays[:3]), ", ..." if len(strays) > 3 else "")
 
 
 def _finish(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any], already: bool) -> dict[str, Any]:

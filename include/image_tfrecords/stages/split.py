@@ -49,6 +49,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
     known = layout.read_manifest(storage, join(cfg.dataset_uri, previous))["classes"] if previous else []
+    for damaged in found.get("damaged_versions", [])[:1]:  # the newest one passed over: keep the ids it gave
+        known = _classes_of_damaged(cfg, storage, damaged.split(":", 1)[0], known, multi)
     kept = resolver.kept_labels()
     if multi:
         kept = {name for label_set in kept for name in label_set.split(sep)}
@@ -128,3 +130,25 @@ def _metadata_of(filename: str, rows: Iterator[list[str]]) -> list[str]:
         if values[0] == filename:
             return values[1:]
     raise BuildError(f"{filename} has no row in the staged metadata.csv")
+
+
+def _classes_of_damaged(cfg: BuildConfig, storage: Storage, version: str, known: list[str],
+                        multi: bool) -> list[str]:
+    """``known`` (the classes of the version before ``version``) followed by the classes ``version`` added,
+    in the order of the ids its labels.csv gives them: a published version that lost its manifest still
+    decides the ids of the classes it introduced. ``known`` alone when its labels.csv is unreadable too."""
+    added: dict[int, str] = {}
+    sep = cfg.label_separator
+    try:
+        with read_rows(storage, join(cfg.dataset_uri, version, layout.LABELS)) as rows:
+            for row in rows:
+                names, ids = (row.get(k) or "" for k in ("label", "label_id"))
+                pairs = zip(names.split(sep), ids.split(sep), strict=False) if multi else [(names, ids)]
+                for name, number in pairs:
+                    if number.isdigit() and int(number) >= len(known):
+                        added.setdefault(int(number), name)
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return known
+    if sorted(added) != list(range(len(known), len(known) + len(added))) or set(added.values()) & set(known):
+        return known  # not ids that extend ``known``: keep nothing of them
+    return known + [added[i] for i in sorted(added)]

@@ -24,6 +24,7 @@ METADATA = "metadata.csv"  # labels.csv's declared columns of each discovered fi
 # inspection: the images (with their labels), the rejects and a summary; and INSPECTED (every file
 # inspected or taken over from the previous version: published as inspected.csv)
 IMAGES, INSPECT_REJECTS, INSPECT_SUMMARY = "images.csv", "rejects-inspect.csv", "inspect.json"
+CARRIED = "inspect/carried.csv"  # the files whose inspection was taken over from the previous version
 RECORDS = "records.csv"  # labels.csv's rows before plan gives each its shard
 SPLIT_SUMMARY, PLAN = "split.json", "plan.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each

@@ -32,6 +32,7 @@ from ..storage import HashingReader, Storage
 from ..tfrecord import CorruptRecordError, read_records
 from .staging import (
     CHECKED,
+    DISCOVER_SUMMARY,
     INSPECT_SUMMARY,
     LABELS,
     MANIFEST,
@@ -271,8 +272,10 @@ def _manifest_entry(shard: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
-    """The manifest's ``build``: how this version was made from the source and the previous version."""
+def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[dict[str, Any]],
+                 damaged: list[str]) -> dict[str, Any]:
+    """The manifest's ``build``: how this version was made from the source and the previous version
+    (``damaged``: the newer published versions passed over as damaged)."""
     return {
         **plan["build"], "inspector": __version__,
         "files_inspected": inspected["files_read"], "inspections_reused": inspected["files_reused"],
@@ -280,6 +283,8 @@ def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[d
         "shards_rewritten": sum("rewritten_from" in s for s in shards),
         "shards_written": sum("reused_from" not in s and "rewritten_from" not in s for s in shards),
         "source_bytes_read": inspected["bytes_read"] + sum(s.get("source_bytes", 0) for s in shards),
+        "inspections_not_reused_because": inspected.get("not_reused_because", ""),
+        "damaged_versions": damaged,
     }
 
 
@@ -319,7 +324,8 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "compression": cfg.compression, "features": staged_schema(cfg, storage).features(), "splits": splits,
         "image": cfg.image_options.describe(), "multi_label": bool(summary.get("multi_label")),
         "label_separator": cfg.label_separator, "columns": dict(cfg.columns),
-        "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked),
+        "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked,
+                              read_json(storage, staged(cfg, DISCOVER_SUMMARY)).get("damaged_versions", [])),
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
                                          "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
                                          "max_pixels": cfg.max_pixels, **cfg.image_options.describe(),

@@ -7,6 +7,7 @@ step that follows only adds up per-shard results.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -30,7 +31,7 @@ from ..progress import ProgressLog
 from ..reading import read_source
 from ..storage import HashingReader, HashingWriter, Storage, join
 from ..tfrecord import CorruptRecordError, TFRecordWriter, read_records
-from .staging import MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
+from .staging import CARRIED, MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from .validate import member_rows, validate_shard
 
 
@@ -108,9 +109,9 @@ def _record_from_source(cfg: BuildConfig, storage: Storage, schema: RecordSchema
     try:
         data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
     except RejectedImage as exc:
-        raise BuildError(f"{row['filename']} changed since it was inspected ({exc}); rerun the build") from None
+        raise _changed(cfg, storage, row["filename"], f" ({exc})") from None
     if hashlib.sha256(data).hexdigest() != row["sha256"]:
-        raise BuildError(f"{row['filename']} changed since it was inspected; rerun the build")
+        raise _changed(cfg, storage, row["filename"])
     try:
         encoded = record_image(data, row, cfg.image_options, cfg.max_pixels)
     except (ValueError, RejectedImage) as exc:
@@ -118,6 +119,20 @@ def _record_from_source(cfg: BuildConfig, storage: Storage, schema: RecordSchema
     except Exception as exc:  # Pillow raises many types; the image decoded at inspection
         raise BuildError(f"{row['filename']}: cannot make its record image ({type(exc).__name__}: {exc})") from exc
     return encode_example(example_features(row, encoded, schema)), len(data)
+
+
+def _changed(cfg: BuildConfig, storage: Storage, filename: str, detail: str = "") -> BuildError:
+    """The error for a member whose file is not what inspection saw, naming the remedy that works: a
+    rerun reads a file again when its listing changed, but an inspection taken over from the previous
+    version (same size and modification stamp: the content changed under an unchanged stamp) is taken
+    over again by every incremental build, so only a full one reads it."""
+    carried = False
+    with contextlib.suppress(FileNotFoundError), read_rows(storage, staged(cfg, CARRIED)) as rows:
+        carried = any(row["filename"] == filename for row in rows)
+    if carried:
+        return BuildError(f"{filename} changed{detail} though its size and modification time did not, so this "
+                          f"build took over the previous version's inspection of it: {FULL_REBUILD}")
+    return BuildError(f"{filename} changed since it was inspected{detail}; rerun the build")
 
 
 def _from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[str, str]], read_workers: int,
@@ -178,8 +193,13 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
     source_bytes = 0
     with tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)), prefix=TMP_PREFIX) as tmp:
         path = os.path.join(tmp, shard)
-        with storage.open_read(old) as stream, open(path, "wb") as file, \
-                TFRecordWriter(raw := HashingWriter(file), cfg.compression) as writer:
+        with ExitStack() as files:
+            try:
+                stream = files.enter_context(storage.open_read(old))
+            except FileNotFoundError:
+                raise BuildError(f"{old} is gone from version {origin['version']}: {advice}") from None
+            file = files.enter_context(open(path, "wb"))
+            writer = files.enter_context(TFRecordWriter(raw := HashingWriter(file), cfg.compression))
             held = HashingReader(stream)
             try:
                 for record in read_records(held, cfg.compression):  # type: ignore[arg-type]

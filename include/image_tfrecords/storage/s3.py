@@ -113,10 +113,10 @@ class S3Store(Store):
         for page in self._pages(uri, Prefix=prefix):
             for obj in page.get("Contents", []):
                 key = obj["Key"][len(prefix) :]
-                if not key.endswith("/"):
+                if key and not key.endswith("/"):
                     yield FileInfo(key, obj["Size"], obj["LastModified"], stamp=obj.get("ETag", "").strip('"'))
-                elif everything:  # an empty "folder/" object is a console's folder marker
-                    kind = "folder_marker" if not obj["Size"] else "file"
+                elif everything:  # an empty "folder/" object (the prefix's own included) is a console's folder marker
+                    kind = "folder_marker" if not obj["Size"] or not key else "file"
                     yield FileInfo(key, obj["Size"], obj["LastModified"], kind, stamp=obj.get("ETag", "").strip('"'))
 
     def list_children(self, uri: str) -> tuple[list[str], list[str]]:
@@ -170,8 +170,10 @@ class S3Store(Store):
             body.close()
 
     def download(self, uri: str, path: str) -> None:
-        bucket, key = split_s3(uri)
-        body = self._call(uri, "get_object", Bucket=bucket, Key=key)["Body"]
+        obj = self._get(uri)
+        if obj is None:
+            raise FileNotFoundError(uri)
+        body = obj["Body"]
         with open(path, "wb") as f:
             while chunk := body.read(BODY_CHUNK):
                 f.write(chunk)
