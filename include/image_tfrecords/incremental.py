@@ -100,6 +100,8 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSche
             return f"{name} changed since version {base.version}"
     if base.manifest.get("compression") != cfg.compression:
         return f"compression changed since version {base.version}"
+    if not base.build.get("record_positions"):
+        return f"version {base.version} predates spliced shards (its labels.csv does not give each record's place)"
     return ""
 
 
@@ -196,22 +198,28 @@ def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[s
 
 
 def survivors(storage: Storage, base: Base, records_uri: str, folder: str,
-              fields: tuple[str, ...]) -> Iterator[tuple[int, str]]:
-    """``(row number in records_uri, base shard file)`` of every record the base holds byte for byte.
+              fields: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
+    """``(row number in records_uri, base shard file, place in it)`` of every record the base holds byte for
+    byte (the place is -1 when the base's labels.csv does not give it).
 
     Joins this build's records with the base's labels.csv by file name and record key.
     """
     with closing(_database(folder, "records.db", "CREATE TABLE cur (filename TEXT PRIMARY KEY, key TEXT, "
                            "number INTEGER)")) as db:
-        db.execute("CREATE TABLE prev (filename TEXT PRIMARY KEY, key TEXT, shard TEXT)")
+        db.execute("CREATE TABLE prev (filename TEXT PRIMARY KEY, key TEXT, shard TEXT, position INTEGER)")
         with read_rows(storage, records_uri) as rows:
             db.executemany("INSERT INTO cur VALUES (?, ?, ?)",
                            ((name, key, n) for n, (name, key, _) in enumerate(_keys(rows, fields))))
         with read_rows(storage, join(base.uri, layout.LABELS)) as rows:
             names = rows.fieldnames or []
             shard = names.index("shard") if "shard" in names else None
-            db.executemany("INSERT OR REPLACE INTO prev VALUES (?, ?, ?)",
-                           ((name, key, values[shard] if shard is not None and shard < len(values) else "")
+            place = names.index("shard_position") if "shard_position" in names else None
+
+            def column(values: list[str], at: int | None) -> str:
+                return values[at] if at is not None and at < len(values) else ""
+
+            db.executemany("INSERT OR REPLACE INTO prev VALUES (?, ?, ?, ?)",
+                           ((name, key, column(values, shard), int(column(values, place) or -1))
                             for name, key, values in _keys(rows, fields)))
-        yield from db.execute("SELECT cur.number, prev.shard FROM cur JOIN prev "
+        yield from db.execute("SELECT cur.number, prev.shard, prev.position FROM cur JOIN prev "
                               "ON prev.filename = cur.filename AND prev.key = cur.key ORDER BY cur.number")

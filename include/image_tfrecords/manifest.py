@@ -24,7 +24,9 @@ FEATURES: dict[str, str] = {
 # A record's row: what its tf.train.Example holds (and how its image was taken from the file).
 RECORD_FIELDS = ("filename", "label", "label_id", "split", "sha256", "width", "height", "channels", "format",
                  "num_bytes", "source_format", "transform", "encoded_sha256", "encoded_bytes")
-LABELS_FIELDS = (*RECORD_FIELDS, "shard")  # labels.csv: each record's row and the shard file that holds it
+# labels.csv: each record's row, the shard file that holds it and its place there (0-based: the line of the
+# shard's .tfindex that gives its bytes)
+LABELS_FIELDS = (*RECORD_FIELDS, "shard", "shard_position")
 REJECTS_FIELDS = ("filename", "reason", "detail")
 # How splits are shown (cards, the datasets page): the customary ones in this order, then others by name.
 SPLIT_ORDER = ("train", "training", "validation", "valid", "val", "dev", "test", "eval")

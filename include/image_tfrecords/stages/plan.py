@@ -51,6 +51,7 @@ class Layout:
     rewrite: dict[str, dict[str, Any]] = field(default_factory=dict)  # shard -> the base's shard it filters
     shard_of: Any = None  # numpy array: record row number -> index into all_files
     appended: Any = None  # numpy bool array: record row number -> appended to a rewritten shard
+    base_position: Any = None  # numpy array: record row number -> its place in the base shard it is kept from, or -1
 
     @property
     def all_files(self) -> list[str]:
@@ -121,12 +122,31 @@ def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) ->
     import numpy as np
 
     keys, sizes, split_of = records
-    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64), appended=np.zeros(len(keys), dtype=bool))
+    layout = _empty_layout(len(keys))
     for i, split in enumerate(splits):
         rows = np.flatnonzero(split_of == i)
         count = planning.shard_count(int(sizes[rows].sum()), len(rows), cfg.shard_size_mb)
         _add_fresh(cfg, layout, split, rows, keys, count, first=0, total=count)
     return layout
+
+
+def _empty_layout(count: int) -> Layout:
+    import numpy as np
+
+    return Layout(shard_of=np.zeros(count, dtype=np.int64), appended=np.zeros(count, dtype=bool),
+                  base_position=np.full(count, -1, dtype=np.int64))
+
+
+def _runs(positions: Any) -> list[list[int]]:
+    """Sorted places ``positions`` as ``[start, stop)`` runs of consecutive places."""
+    import numpy as np
+
+    if not len(positions):
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(positions)]))
+    return [[int(positions[a]), int(positions[b - 1]) + 1] for a, b in zip(starts, stops, strict=True)]
 
 
 def _add_fresh(cfg: BuildConfig, layout: Layout, split: str, rows: Any, keys: Any, count: int, first: int,
@@ -150,11 +170,12 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
     base_shards = [(split, s) for split, info in base.manifest["splits"].items() for s in info["shards"]]
     index_of = {s["file"]: i for i, (_, s) in enumerate(base_shards)}
     kept: Counter[int] = Counter()
-    for number, shard in survivors(storage, base, staged(cfg, RECORDS), tmp, record_fields(cfg)):
+    layout = _empty_layout(len(keys))
+    for number, shard, position in survivors(storage, base, staged(cfg, RECORDS), tmp, record_fields(cfg)):
         if shard in index_of:
             origin[number] = index_of[shard]
+            layout.base_position[number] = position
             kept[index_of[shard]] += 1
-    layout = Layout(shard_of=np.zeros(len(keys), dtype=np.int64), appended=np.zeros(len(keys), dtype=bool))
     target = cfg.shard_size_mb * planning.MB
     for i, split in enumerate(splits):
         rows = np.flatnonzero(split_of == i)
@@ -178,7 +199,9 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
             if kept[b] == shard["num_records"] and not (b == tail and len(appended)):
                 layout.reuse[names[j]] = source
             else:
-                layout.rewrite[names[j]] = {**source, "appended": len(appended) if b == tail else 0}
+                places = np.sort(layout.base_position[rows[origin[rows] == b]])
+                runs = _runs(places) if len(places) and places[0] >= 0 else None  # None: no places, no splice
+                layout.rewrite[names[j]] = {**source, "appended": len(appended) if b == tail else 0, "runs": runs}
             layout.shard_of[rows[origin[rows] == b]] = len(layout.all_files) + j
             if b == tail:
                 layout.shard_of[appended] = len(layout.all_files) + j
@@ -199,7 +222,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
 
     files = layout.all_files
     count = len(keys)
-    order = np.lexsort((np.arange(count), keys, layout.appended, layout.shard_of))
+    order = np.lexsort((np.arange(count), keys, layout.base_position, layout.appended, layout.shard_of))
     in_order = layout.shard_of[order]
     position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard's members file
     position[order] = np.arange(count) - np.searchsorted(in_order, np.arange(len(files)))[in_order]
@@ -216,14 +239,14 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
     text = io.StringIO()
     line_writer = csv_writer(text)
     with read_rows(storage, staged(cfg, RECORDS)) as rows, \
-            RowWriter(storage, staged(cfg, LABELS), (*record_fields(cfg), "shard")) as labels:
+            RowWriter(storage, staged(cfg, LABELS), (*record_fields(cfg), "shard", "shard_position")) as labels:
         if tuple(rows.fieldnames or ()) != record_fields(cfg):
             raise BuildError(f"{staged(cfg, RECORDS)} has columns {rows.fieldnames}, expected {record_fields(cfg)}")
         for number, values in enumerate(rows.reader):
             shard = int(layout.shard_of[number])
             text.seek(0)
             text.truncate()
-            line_writer.writerow([*values, files[shard]])
+            line_writer.writerow([*values, files[shard], int(position[number])])
             line = text.getvalue()
             labels.write_line(line)
             data = line.encode()
@@ -253,7 +276,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
 def labels_header(cfg: BuildConfig) -> str:
     """labels.csv's header line (and the members files')."""
     text = io.StringIO()
-    csv_writer(text).writerow([*record_fields(cfg), "shard"])
+    csv_writer(text).writerow([*record_fields(cfg), "shard", "shard_position"])
     return text.getvalue()
 
 

@@ -3,7 +3,9 @@
 Copies are server-side on S3 (``CopyObject``, its SHA-256 computed by the store and compared with
 the previous manifest's) and hard links locally (hashed, and compared the same way), a few at a
 time on threads: no shard's bytes pass through this worker's memory. Each copy's check is staged
-like a written shard's, so the validate stage adds it up with the others.
+like a written shard's, so the validate stage adds it up with the others. A base shard that is
+missing or damaged never propagates: that shard is written from the source instead (its check
+says why).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json, write_json
 from ..errors import BuildError
-from ..incremental import FULL_REBUILD
 from ..parallel import ordered_map
-from ..progress import ProgressLog, summarized
+from ..progress import ProgressLog, log, summarized
 from ..storage import Storage, join
 from .staging import CHECKED, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
-from .validate import members_digest
+from .validate import members_digest, validate_shard
+from .write import write_shard
 
 COPY_THREADS = 8
 
@@ -46,18 +48,22 @@ def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str
     against the previous manifest, and the members planned for it; stage its receipt and check."""
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
     new = staged(cfg, SHARDS, shard)
-    advice = FULL_REBUILD
+    why = ""
     try:
-        storage.copy(old, new, origin["sha256"])
+        storage.copy(old, new)
         storage.copy(layout.index_file(old), layout.index_file(new))
     except FileNotFoundError:
-        raise BuildError(f"{old} (or its {layout.INDEX_SUFFIX}) is gone from version {origin['version']}: "
-                         f"{advice}") from None
-    if (held := storage.sha256_of(new)) != origin["sha256"]:
-        raise BuildError(f"{old} hashes to {held}, not to the sha256 its manifest gives: {advice}")
+        why = f"{old} (or its {layout.INDEX_SUFFIX}) is missing"
+    if not why and (held := storage.sha256_of(new)) != origin["sha256"]:
+        why = f"{old} is damaged: it hashes to {held}, not to the sha256 its version's manifest gives"
     index_sha = storage.sha256_of(layout.index_file(new))
-    if origin.get("index_sha256") and index_sha != origin["index_sha256"]:
-        raise BuildError(f"{layout.index_file(old)} is not the one version {origin['version']} published: {advice}")
+    if not why and origin.get("index_sha256") and index_sha != origin["index_sha256"]:
+        why = f"{layout.index_file(old)} is damaged: it is not the one version {origin['version']} published"
+    if why:  # a damaged base never propagates: this shard's records come from the source
+        log.warning("%s: shard %s is written from the source instead", why, shard)
+        storage.delete(new)
+        write_shard(cfg, storage, shard, progress, fallback=why)
+        return validate_shard(cfg, storage, shard)
     members = storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))  # bounded by the shard size
     names, count = members_digest(members)
     if count != origin["num_records"]:
@@ -67,7 +73,8 @@ def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str
     common = {"file": shard, "num_records": count, "num_bytes": origin["num_bytes"], "sha256": origin["sha256"],
               "members_sha256": members_sha, "index_sha256": index_sha, "reused_from": source}
     write_json(storage, staged(cfg, RECEIPTS, shard + ".json"), common)
-    result = {**common, "names": names, "source_bytes": 0, "change_tag": storage.change_tag(new)}
+    result = {**common, "names": names, "source_bytes": 0, "change_tag": storage.change_tag(new),
+              "records_parsed": 0, "bytes_copied": origin["num_bytes"]}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     progress(count)
     return result

@@ -127,7 +127,9 @@ def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Pro
     result = {"file": shard, "num_records": count, "num_bytes": num_bytes, "sha256": sha, "change_tag": tag,
               "names": _set_digest(m["filename"] for m in members), "members_sha256": members_sha,
               "index_sha256": receipt.get("index_sha256"), "source_bytes": receipt.get("source_bytes", 0),
-              **{key: receipt[key] for key in ("rewritten_from", "reused_from") if key in receipt}}
+              "records_parsed": count, "bytes_written": num_bytes,
+              **{key: receipt[key] for key in ("rewritten_from", "reused_from", "base_bytes_read", "fallback")
+                 if key in receipt}}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     return result
 
@@ -196,8 +198,9 @@ def _same(value: Any, expected: Any) -> bool:
 
 
 def _match(schema: RecordSchema, shard: str, facts: tuple[int, str, dict[str, Any], ImageFacts],
-           unseen: dict[str, dict[str, str]]) -> None:
-    """Check one record's facts against the member of its name (removed from ``unseen``: a name counts once).
+           unseen: dict[str, dict[str, str]], first: int = 0) -> None:
+    """Check one record's facts against the member of its name (removed from ``unseen``: a name counts once),
+    at the place labels.csv gives it (``first`` plus the record's number).
 
     An image stored as inspected must have the inspected bytes; one the writer made (no planned
     ``encoded_sha256``) must be of the planned format and size (raw: exactly height x width x channels
@@ -207,6 +210,8 @@ def _match(schema: RecordSchema, shard: str, facts: tuple[int, str, dict[str, An
     member = unseen.pop(name, None)
     if member is None:
         raise BuildError(f"{where}: {name!r} is not planned for this shard, or is in it twice")
+    if member.get("shard_position") and int(member["shard_position"]) != first + number:
+        raise BuildError(f"{where}: {name!r} is planned as record {member['shard_position']}")
     expected = example_features(member, b"", schema)
     for key, value in values.items():
         if not _same(value, _float32(expected[key])):
@@ -277,12 +282,18 @@ def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[d
     """The manifest's ``build``: how this version was made from the source and the previous version
     (``damaged``: the newer published versions passed over as damaged)."""
     return {
-        **plan["build"], "inspector": __version__,
+        **plan["build"], "inspector": __version__, "record_positions": True,
         "files_inspected": inspected["files_read"], "inspections_reused": inspected["files_reused"],
         "shards_reused": sum("reused_from" in s for s in shards),
         "shards_rewritten": sum("rewritten_from" in s for s in shards),
         "shards_written": sum("reused_from" not in s and "rewritten_from" not in s for s in shards),
         "source_bytes_read": inspected["bytes_read"] + sum(s.get("source_bytes", 0) for s in shards),
+        "shards_spliced": sum("bytes_copied" in s and "rewritten_from" in s for s in shards),
+        "records_parsed": sum(s.get("records_parsed", 0) for s in shards),
+        "base_bytes_read": sum(s.get("base_bytes_read", 0) for s in shards),  # base shards read (hashed) by workers
+        "bytes_copied": sum(s.get("bytes_copied", 0) for s in shards),  # by the kernel or the store, not a worker
+        "bytes_written": sum(s.get("bytes_written", 0) for s in shards),  # shard bytes a worker wrote
+        "shards_from_source_after_damage": [s["file"] for s in shards if s.get("fallback")],
         "inspections_not_reused_because": inspected.get("not_reused_because", ""),
         "damaged_versions": damaged,
     }

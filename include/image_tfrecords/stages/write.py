@@ -50,6 +50,8 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
                     read_workers: int = 4, processes: Executor | None = None) -> dict[str, Any]:
     """Write one shard (from the source, or rewritten from the previous version's), then re-read and
     check it (the result is staged for the validate stage). ``progress`` None: progress lines go to the log."""
+    from .splice import can_splice, splice_shard  # splice builds on this module's writers
+
     origin = read_json(storage, staged(cfg, PLAN))["rewrite"].get(shard)
     with ExitStack() as stack:
         if progress is None:
@@ -57,6 +59,10 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
             progress = stack.enter_context(ProgressLog(f"write {shard}", records, "records"))
         if origin is None:
             write_shard(cfg, storage, shard, progress, read_workers, processes)
+        elif can_splice(cfg, origin):
+            result = splice_shard(cfg, storage, shard, origin, progress, read_workers, processes)
+            if not result.get("fallback"):
+                return result  # checked while spliced: kept bytes proven by the base's digest, new records parsed
         else:
             rewrite_shard(cfg, storage, shard, origin, progress, read_workers, processes)
     return validate_shard(cfg, storage, shard, processes=processes, workers=read_workers)
@@ -152,9 +158,9 @@ def _from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[str, st
 
 
 def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,
-                read_workers: int = 4, processes: Executor | None = None) -> dict[str, Any]:
+                read_workers: int = 4, processes: Executor | None = None, fallback: str = "") -> dict[str, Any]:
     """Write one shard from its member list (images read from the source) and stage it whole; skip if
-    already staged identically."""
+    already staged identically. ``fallback``: why a shard planned from the base is written from the source."""
     members_uri = staged(cfg, MEMBERS, shard + ".csv")
     members_sha = hashlib.sha256(storage.read_bytes(members_uri)).hexdigest()
     if (receipt := _already_written(cfg, storage, shard, members_sha)) is not None:
@@ -169,7 +175,8 @@ def write_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progre
                 writer.write(record)
                 source_bytes += read
                 progress(1)
-        return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=source_bytes)
+        return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=source_bytes,
+                      **({"fallback": fallback} if fallback else {}))
 
 
 def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],
@@ -219,7 +226,7 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
                 source_bytes += read
                 progress(1)
         return _stage(cfg, storage, shard, path, writer, raw, members_sha, source_bytes=source_bytes,
-                      rewritten_from=source)
+                      rewritten_from=source, base_bytes_read=held.num_bytes)
 
 
 def _filename_of(record: bytes) -> str:

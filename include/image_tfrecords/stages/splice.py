@@ -1,0 +1,218 @@
+"""Stage 5, for a shard the night rewrites: splice it from byte ranges of its base shard, then append.
+
+A rewritten shard keeps some records of a base shard, in the base's order, and may take new records
+at its end (plan.py). TFRecord framing makes records self-delimiting and the base's ``.tfindex``
+gives each record's bytes, so each run of consecutive kept records is one byte range of the base
+shard: the new shard is those ranges, then the new records. Kept records are never parsed again:
+
+* the base shard is read once (mapped), to prove it is the one its version published (its SHA-256,
+  against the base manifest's) and to hash the new shard's kept bytes (the new shard's digest is
+  taken in that same pass, then over the new records);
+* each kept record's framing is checked against the base index (length and its CRC);
+* the bytes are copied by the kernel (``os.copy_file_range``: a reflink where the file system can);
+* the new records are made from the source and checked in full as any written record (parsed,
+  image SHA-256, plan row), and the ``.tfindex`` follows by arithmetic on the base's.
+
+A base shard that is missing or damaged (digest, index, framing) never propagates: the shard is
+written from the source instead (``write_shard``), and its receipt says why (``fallback``).
+
+Only local, uncompressed shards are spliced here (a gzip stream has no record boundaries, and S3
+shards take the record-by-record path, ``rewrite_shard``); the slow path stays the reference that
+splicing must match byte for byte (tests/test_splice.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import tempfile
+import threading
+from concurrent.futures import Executor
+from contextlib import ExitStack
+from typing import Any
+
+from .. import layout
+from ..config import BuildConfig
+from ..documents import write_json
+from ..errors import BuildError
+from ..progress import log
+from ..storage import Storage, is_s3, join
+from ..tfrecord import TFRecordWriter, masked_crc
+from .staging import CHECKED, MEMBERS, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
+from .validate import _match, _set_digest, member_rows, record_facts
+from .write import _already_written, _from_source, made_with, write_shard
+
+HEADER = 12  # a record's length and the CRC of the length
+
+
+class DamagedBase(Exception):
+    """The base shard (or its index) is not what its version published."""
+
+
+def can_splice(cfg: BuildConfig, origin: dict[str, Any]) -> bool:
+    """Whether the plan's rewrite ``origin`` can be spliced here: a local, uncompressed destination and
+    a plan that knows the kept records' places (``runs``)."""
+    return origin.get("runs") is not None and cfg.compression == "none" and not is_s3(cfg.dataset_uri)
+
+
+def _index(data: bytes, num_records: int) -> list[tuple[int, int]]:
+    """The ``(start, length)`` of each record of a ``.tfindex``; DamagedBase unless it lists ``num_records``
+    contiguous records."""
+    try:
+        entries = [(int(a), int(b)) for a, b in (line.split() for line in data.decode().splitlines())]
+    except ValueError:
+        raise DamagedBase("its .tfindex does not parse") from None
+    if len(entries) != num_records or any(entries[i + 1][0] != a + b for i, (a, b) in enumerate(entries[:-1])) \
+            or (entries and entries[0][0] != 0):
+        raise DamagedBase("its .tfindex does not list its records end to end")
+    return entries
+
+
+def _check_framing(view: memoryview, entries: list[tuple[int, int]], runs: list[list[int]]) -> None:
+    """Each kept record's length field agrees with the index and carries its CRC."""
+    for start, stop in runs:
+        for offset, length in entries[start:stop]:
+            header = view[offset:offset + HEADER]
+            if len(header) < HEADER or int.from_bytes(header[:8], "little") + 16 != length or \
+                    masked_crc(bytes(header[:8])) != int.from_bytes(header[8:], "little"):
+                raise DamagedBase(f"the record at byte {offset} is not framed as its .tfindex says")
+
+
+def splice_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],
+                 progress: Progress = no_progress, read_workers: int = 4,
+                 processes: Executor | None = None) -> dict[str, Any]:
+    """Write one rewritten shard by splicing (see the module); stage it, its ``.tfindex``, its receipt and its
+    check (the validate stage needs no second read). Returns the check."""
+    members_uri = staged(cfg, MEMBERS, shard + ".csv")
+    members_data = storage.read_bytes(members_uri)  # bounded by the shard size
+    members_sha = hashlib.sha256(members_data).hexdigest()
+    source = {"version": origin["version"], "file": origin["file"]}
+    members = member_rows(members_data)
+    if (receipt := _already_written(cfg, storage, shard, members_sha, source)) is not None:
+        progress(receipt["num_records"])
+        return _checked(cfg, storage, shard, receipt, members, members_sha)
+    kept, runs = origin["kept"], origin["runs"]
+    if sum(stop - start for start, stop in runs) != kept:
+        raise BuildError(f"the plan keeps {kept} records of {origin['file']}, its runs {runs} do not")
+    old = join(cfg.dataset_uri, origin["version"], origin["file"])
+    try:
+        return _splice(cfg, storage, shard, origin, old, members, members_sha, progress, read_workers, processes)
+    except (DamagedBase, FileNotFoundError) as exc:
+        why = f"{old} is missing" if isinstance(exc, FileNotFoundError) else f"{old} is damaged: {exc}"
+        log.warning("%s: shard %s is written from the source instead", why, shard)
+        receipt = write_shard(cfg, storage, shard, progress, read_workers, processes, fallback=why)
+        return {**receipt, "fallback": why}
+
+
+def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any], old: str,
+            members: list[dict[str, str]], members_sha: str, progress: Progress, read_workers: int,
+            processes: Executor | None) -> dict[str, Any]:
+    kept, runs = origin["kept"], origin["runs"]
+    index_data = storage.read_bytes(layout.index_file(old))
+    if origin.get("index_sha256") and hashlib.sha256(index_data).hexdigest() != origin["index_sha256"]:
+        raise DamagedBase("its .tfindex is not the one its version published")
+    entries = _index(index_data, origin["num_records"])
+    schema = staged_schema(cfg, storage)
+    with ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
+                                                              prefix=TMP_PREFIX))
+        path = os.path.join(tmp, shard)
+        base = stack.enter_context(open(old, "rb"))
+        size = os.fstat(base.fileno()).st_size
+        if size != origin["num_bytes"] or (entries and entries[-1][0] + entries[-1][1] != size):
+            raise DamagedBase(f"it holds {size} bytes, its version published {origin['num_bytes']}")
+        view = memoryview(stack.enter_context(mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ))) \
+            if size else memoryview(b"")
+        stack.callback(view.release)
+        base_digest = hashlib.sha256()
+        hashing = threading.Thread(target=base_digest.update, args=(view,))  # the other core: the base's digest
+        hashing.start()
+        try:
+            _check_framing(view, entries, runs)
+            new_digest = hashlib.sha256()
+            offsets: list[tuple[int, int]] = []
+            out = stack.enter_context(open(path, "wb"))
+            written = 0
+            for start, stop in runs:
+                first, last = entries[start][0], entries[stop - 1][0] + entries[stop - 1][1]
+                new_digest.update(view[first:last])
+                _copy_range(base.fileno(), out.fileno(), first, last - first, written)
+                offsets += [(written + a - first, b) for a, b in entries[start:stop]]
+                written += last - first
+        finally:
+            hashing.join()
+        if base_digest.hexdigest() != origin["sha256"]:
+            raise DamagedBase("it does not hash to the sha256 its version's manifest gives")
+        copied = written
+        progress(kept)
+        out.seek(written)
+        appended = _append(cfg, storage, schema, shard, out, new_digest, members[kept:], kept, read_workers,
+                           processes, progress)
+        written += appended["bytes"]
+        offsets += [(copied + a, b) for a, b in appended["offsets"]]
+        out.flush()
+        os.fsync(out.fileno())
+        out.close()
+        index = "".join(f"{a} {b}\n" for a, b in offsets).encode()
+        receipt = {"file": shard, "num_records": len(offsets), "num_bytes": written,
+                   "sha256": new_digest.hexdigest(), "members_sha256": members_sha, "made_with": made_with(cfg),
+                   "index_sha256": hashlib.sha256(index).hexdigest(), "source_bytes": appended["source_bytes"],
+                   "rewritten_from": {"version": origin["version"], "file": origin["file"]}, "spliced": True,
+                   "base_bytes_read": size, "bytes_copied": copied, "bytes_written": written - copied,
+                   "records_parsed": len(members) - kept}
+        storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
+        storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
+        write_json(storage, staged(cfg, RECEIPTS, shard + ".json"), receipt)
+    return _checked(cfg, storage, shard, receipt, members, members_sha)
+
+
+def _copy_range(source: int, target: int, offset: int, count: int, at: int) -> None:
+    """Copy ``count`` bytes at ``offset`` of ``source`` to ``at`` in ``target`` in the kernel."""
+    while count:
+        done = os.copy_file_range(source, target, count, offset, at)
+        if done <= 0:
+            raise OSError(f"copy_file_range copied nothing at byte {offset}")
+        offset, at, count = offset + done, at + done, count - done
+
+
+def _append(cfg: BuildConfig, storage: Storage, schema: Any, shard: str, out: Any, digest: Any,
+            rows: list[dict[str, str]], first: int, read_workers: int, processes: Executor | None,
+            progress: Progress) -> dict[str, Any]:
+    """Make the new records of ``rows`` (places ``first`` on in the shard) from the source, check each in full,
+    write them to ``out`` (at its position) and into ``digest``; their offsets from the first one, their
+    bytes and the source bytes read."""
+
+    class Sink:
+        def write(self, data: bytes) -> int:
+            digest.update(data)
+            return out.write(data)
+
+    unseen = {row["filename"]: row for row in rows}
+    source_bytes = 0
+    writer = TFRecordWriter(Sink())  # type: ignore[arg-type]
+    for number, (record, read) in enumerate(_from_source(cfg, storage, rows, read_workers, processes)):
+        facts = record_facts(schema, shard, (number, record), headers=not cfg.image_options.is_default)
+        _match(schema, shard, facts, unseen, first=first)
+        writer.write(record)
+        source_bytes += read
+        progress(1)
+    if unseen:
+        raise BuildError(f"shard {shard}: {len(unseen)} new records were not made")
+    return {"offsets": writer.offsets, "bytes": sum(length for _, length in writer.offsets),
+            "source_bytes": source_bytes}
+
+
+def _checked(cfg: BuildConfig, storage: Storage, shard: str, receipt: dict[str, Any],
+             members: list[dict[str, str]], members_sha: str) -> dict[str, Any]:
+    """Stage the check of a spliced shard: what ``validate_shard`` stages, from what splicing proved."""
+    result = {"file": shard, "num_records": receipt["num_records"], "num_bytes": receipt["num_bytes"],
+              "sha256": receipt["sha256"], "change_tag": storage.change_tag(staged(cfg, SHARDS, shard)),
+              "names": _set_digest(m["filename"] for m in members), "members_sha256": members_sha,
+              "index_sha256": receipt["index_sha256"], "source_bytes": receipt.get("source_bytes", 0),
+              "rewritten_from": receipt["rewritten_from"],
+              **{key: receipt[key] for key in ("base_bytes_read", "bytes_copied", "bytes_written", "records_parsed")
+                 if key in receipt}}
+    write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
+    return result
+
