@@ -11,16 +11,18 @@ older than it). A build reuses
 * the base's shards whose records are all still present and unchanged, when the base was built
   with the same splits, salt, compression and shard size.
 
-``--full`` (CLI) or ``full_rebuild`` (DAG) turns both off. Lookups go through SQLite files in a
-temporary folder, so memory stays flat however many files there are.
+``--full`` (CLI) or ``full_rebuild`` (DAG) turns both off. Lookups are hash joins on 128-bit digests
+of the keys (the base's rows wait in a temporary file), so memory holds about 100 bytes per file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import marshal
+import mmap
 import os
-import sqlite3
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,47 +121,85 @@ def missing_base_files(storage: Storage, base: Base) -> str:
     return f"version {base.version} is damaged: {missing[0]}{more} is missing"
 
 
-def _database(folder: str, name: str, schema: str) -> sqlite3.Connection:
-    db = sqlite3.connect(os.path.join(folder, name))
-    db.execute("PRAGMA journal_mode = OFF")
-    db.execute("PRAGMA synchronous = OFF")
-    db.execute(schema)
-    return db
+def _digest(text: str) -> bytes:
+    """A 128-bit digest of a join key: equal keys give equal digests, and two keys among millions sharing one
+    is not a thing that happens (2^-128 a pair), so the joins below compare digests, not keys."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).digest()
+
+
+class _Spill:
+    """Rows (lists of strings) written to a temporary file, read back by the number ``add`` returns: the
+    joins keep only a digest and a number per row in memory."""
+
+    def __init__(self, folder: str, name: str) -> None:
+        self._path = os.path.join(folder, name)
+        self._file = open(self._path, "wb")  # noqa: SIM115 - closed by close()
+        self._map: mmap.mmap | None = None
+        self._size = 0
+
+    def add(self, values: list[str]) -> int:
+        data = marshal.dumps(values)
+        where = self._size << 24 | len(data)  # offset and length in one int (a row is below 16 MB)
+        self._file.write(data)
+        self._size += len(data)
+        return where
+
+    def seal(self) -> None:
+        self._file.close()
+        if self._size:
+            with open(self._path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def get(self, where: int) -> list[str]:
+        offset, length = where >> 24, where & 0xFFFFFF
+        assert self._map is not None
+        return marshal.loads(self._map[offset:offset + length])
+
+    def close(self) -> None:
+        self._file.close()
+        if self._map is not None:
+            self._map.close()
 
 
 class Inspections:
     """The discovered files, each with the base's inspection of it when name, size and stamp still match.
 
-    ``all()`` gives ``(discovered row, previous inspected.csv row or None)`` in listing order;
+    ``all()`` gives ``(discovered row, previous inspected.csv row or None)`` in listing order (as lists);
     ``unread()`` gives the discovered rows that have none (the files to read), in the same order.
-    Without a base (or its inspected.csv) every file is unread and nothing is loaded.
+    Without a base (or its inspected.csv) every file is unread and nothing is loaded. A hash join: the
+    base's rows wait in a temporary file, and memory holds a digest and a number per row.
     """
 
-    def __init__(self, storage: Storage, discovered: str, db: sqlite3.Connection | None) -> None:
-        self._storage, self._discovered, self._db = storage, discovered, db
+    def __init__(self, storage: Storage, discovered: str, known: dict[bytes, int] | None = None,
+                 spill: _Spill | None = None) -> None:
+        self._storage, self._discovered, self._known, self._spill = storage, discovered, known, spill
 
-    def all(self) -> Iterator[tuple[dict[str, str], dict[str, str] | None]]:
-        if self._db is None:
-            with read_rows(self._storage, self._discovered) as rows:
-                yield from ((row, None) for row in rows)
-            return
-        width = len(DISCOVERED_FIELDS)
-        for found in self._db.execute(_JOIN + " ORDER BY d.number"):
-            row = dict(zip(DISCOVERED_FIELDS, found[:width], strict=True))
-            yield row, (dict(zip(INSPECTION_FIELDS, found[width:], strict=True)) if found[width] is not None else None)
+    def all(self) -> Iterator[tuple[list[str], list[str] | None]]:
+        """Each discovered row's values (``DISCOVERED_FIELDS``) and the base's inspection of it
+        (``INSPECTION_FIELDS``), or None: plain lists, as this runs over every file."""
+        with read_rows(self._storage, self._discovered) as rows:
+            _check_header(rows.fieldnames, self._discovered)
+            for values in rows.reader:
+                where = self._lookup(values)
+                yield values, (None if where is None else self._spill.get(where))  # type: ignore[union-attr]
 
     def unread(self) -> Iterator[dict[str, str]]:
-        if self._db is None:
-            with read_rows(self._storage, self._discovered) as rows:
-                yield from rows
-            return
-        for found in self._db.execute(_JOIN + " WHERE p.filename IS NULL ORDER BY d.number"):
-            yield dict(zip(DISCOVERED_FIELDS, found[: len(DISCOVERED_FIELDS)], strict=True))
+        with read_rows(self._storage, self._discovered) as rows:
+            _check_header(rows.fieldnames, self._discovered)
+            for values in rows.reader:
+                if self._lookup(values) is None:
+                    yield dict(zip(DISCOVERED_FIELDS, values, strict=False))
+
+    def _lookup(self, values: list[str]) -> int | None:
+        """Where the base's inspection of the discovered row ``values`` (filename, label, num_bytes, stamp) is."""
+        if self._known is None or not values[3]:  # no stamp: nothing proves the file unchanged
+            return None
+        return self._known.get(_digest(f"{values[0]}\0{values[2]}\0{values[3]}"))
 
 
-_JOIN = ("SELECT d.filename, d.label, d.num_bytes, d.stamp, p.* FROM d LEFT JOIN p ON p.filename = d.filename "
-         "AND p.num_bytes = d.num_bytes AND p.stamp = d.stamp AND d.stamp != '' "
-         f"AND p.reason NOT IN ({', '.join(repr(r) for r in RETRIED_REASONS)})")
+def _check_header(names: Any, uri: str) -> None:
+    if tuple(names or ()) != DISCOVERED_FIELDS:
+        raise ValueError(f"{uri} has columns {names}, expected {DISCOVERED_FIELDS}")
 
 
 @contextmanager
@@ -167,18 +207,24 @@ def inspections(storage: Storage, base: Base | None, discovered: str, folder: st
     """``Inspections`` of the files listed in ``discovered`` against ``base`` (None: reuse nothing)."""
     uri = join(base.uri, layout.INSPECTED) if base else None
     if uri is None or not storage.exists(uri):
-        yield Inspections(storage, discovered, None)
+        yield Inspections(storage, discovered)
         return
-    columns = ", ".join(f"{name} TEXT" for name in INSPECTION_FIELDS)
-    with closing(_database(folder, "inspected.db", f"CREATE TABLE p ({columns}, PRIMARY KEY (filename))")) as db:
-        db.execute("CREATE TABLE d (number INTEGER PRIMARY KEY, filename TEXT, label TEXT, num_bytes TEXT, stamp TEXT)")
+    spill = _Spill(folder, "inspected.rows")
+    known: dict[bytes, int] = {}
+    try:
         with read_rows(storage, uri) as rows:
-            db.executemany(f"INSERT OR REPLACE INTO p VALUES ({', '.join('?' * len(INSPECTION_FIELDS))})",
-                           (tuple(r.get(name) or "" for name in INSPECTION_FIELDS) for r in rows))
-        with read_rows(storage, discovered) as rows:
-            db.executemany("INSERT INTO d VALUES (?, ?, ?, ?, ?)",
-                           ((n, *(r.get(name) or "" for name in DISCOVERED_FIELDS)) for n, r in enumerate(rows)))
-        yield Inspections(storage, discovered, db)
+            names = rows.fieldnames or []
+            columns = [names.index(name) if name in names else None for name in INSPECTION_FIELDS]
+            reason = INSPECTION_FIELDS.index("reason")
+            for values in rows.reader:
+                row = [values[i] if i is not None and i < len(values) else "" for i in columns]
+                if row[reason] in RETRIED_REASONS:
+                    continue
+                known[_digest(f"{row[0]}\0{row[1]}\0{row[2]}")] = spill.add(row)  # filename, num_bytes, stamp
+        spill.seal()
+        yield Inspections(storage, discovered, known, spill)
+    finally:
+        spill.close()
 
 
 def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[str]]]:
@@ -200,26 +246,26 @@ def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[s
 def survivors(storage: Storage, base: Base, records_uri: str, folder: str,
               fields: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
     """``(row number in records_uri, base shard file, place in it)`` of every record the base holds byte for
-    byte (the place is -1 when the base's labels.csv does not give it).
+    byte (the place is -1 when the base's labels.csv does not give it), in row order.
 
-    Joins this build's records with the base's labels.csv by file name and record key.
+    Joins this build's records with the base's labels.csv on the record key (file name and every field
+    that decides the record's bytes): a hash join on 128-bit digests of the keys, with the base's shard
+    and place packed in one int, so memory holds about 100 bytes per base record.
     """
-    with closing(_database(folder, "records.db", "CREATE TABLE cur (filename TEXT PRIMARY KEY, key TEXT, "
-                           "number INTEGER)")) as db:
-        db.execute("CREATE TABLE prev (filename TEXT PRIMARY KEY, key TEXT, shard TEXT, position INTEGER)")
-        with read_rows(storage, records_uri) as rows:
-            db.executemany("INSERT INTO cur VALUES (?, ?, ?)",
-                           ((name, key, n) for n, (name, key, _) in enumerate(_keys(rows, fields))))
-        with read_rows(storage, join(base.uri, layout.LABELS)) as rows:
-            names = rows.fieldnames or []
-            shard = names.index("shard") if "shard" in names else None
-            place = names.index("shard_position") if "shard_position" in names else None
-
-            def column(values: list[str], at: int | None) -> str:
-                return values[at] if at is not None and at < len(values) else ""
-
-            db.executemany("INSERT OR REPLACE INTO prev VALUES (?, ?, ?, ?)",
-                           ((name, key, column(values, shard), int(column(values, place) or -1))
-                            for name, key, values in _keys(rows, fields)))
-        yield from db.execute("SELECT cur.number, prev.shard, prev.position FROM cur JOIN prev "
-                              "ON prev.filename = cur.filename AND prev.key = cur.key ORDER BY cur.number")
+    shards: dict[str, int] = {}
+    known: dict[bytes, int] = {}
+    with read_rows(storage, join(base.uri, layout.LABELS)) as rows:
+        names = rows.fieldnames or []
+        shard = names.index("shard") if "shard" in names else None
+        place = names.index("shard_position") if "shard_position" in names else None
+        for _, key, values in _keys(rows, fields):
+            name = values[shard] if shard is not None and shard < len(values) else ""
+            number = shards.setdefault(name, len(shards))
+            at = values[place] if place is not None and place < len(values) else ""
+            known[_digest(key)] = number << 32 | (int(at) + 1 if at else 0)
+    files = list(shards)
+    with read_rows(storage, records_uri) as rows:
+        for number, (_, key, _) in enumerate(_keys(rows, fields)):
+            found = known.get(_digest(key))
+            if found is not None:
+                yield number, files[found >> 32], (found & 0xFFFFFFFF) - 1

@@ -24,7 +24,7 @@ import itertools
 import math
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from functools import partial
@@ -32,6 +32,7 @@ from typing import Any
 
 from .. import layout
 from ..config import BuildConfig
+from ..discovery import DISCOVERED_FIELDS
 from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..incremental import INSPECTION_FIELDS, base_of, inspections, why_not_reuse_inspection
@@ -60,6 +61,9 @@ from .staging import (
 CHUNKS = "inspect/chunks.json"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
 DONE_FIELDS = ("number", "label", *INSPECTION_FIELDS)
+REASON = DONE_FIELDS.index("reason")
+IMAGE_COLUMNS = [DONE_FIELDS.index(name) for name in IMAGE_FIELDS]
+REJECT_COLUMNS = [DONE_FIELDS.index(name) for name in REJECTS_FIELDS]
 
 
 def _todo(chunk: int) -> str:
@@ -81,14 +85,6 @@ def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict
     except RejectedImage as exc:
         return {"filename": row["filename"], "reason": exc.reason, "detail": exc.detail}
     return {"filename": row["filename"], "label": row["label"], **vars(facts)}
-
-
-def _carried(row: dict[str, str], known: dict[str, str]) -> dict[str, Any]:
-    """The previous inspection of an unchanged file, as ``inspect_one`` would return it now."""
-    if known.get("reason"):
-        return {"filename": row["filename"], "reason": known["reason"], "detail": known.get("detail", "")}
-    return {**{k: known[k] for k in IMAGE_FIELDS if k in known}, "filename": row["filename"],
-            "label": row["label"]}
 
 
 def chunk_limits(cfg: BuildConfig, files: int, num_bytes: int, max_chunks: int = MAX_MAP_LENGTH) -> tuple[int, int]:
@@ -119,11 +115,11 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
         with ExitStack() as stack:
             carried = stack.enter_context(RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS))
             todo: RowWriter | None = None
-            for number, (row, before) in enumerate(known.all()):
-                if before is not None:
-                    result = _carried(row, before)
-                    carried.write({**result, "number": number, "num_bytes": row["num_bytes"], "stamp": row["stamp"]})
+            for number, (values, before) in enumerate(known.all()):
+                if before is not None:  # matched on name, size and stamp: the row as inspection wrote it
+                    carried.write_values((number, values[1], *before))
                     continue
+                row = dict(zip(DISCOVERED_FIELDS, values, strict=True))
                 size = int(row["num_bytes"])
                 if todo is None or chunks[-1]["files"] >= max_files or \
                         (chunks[-1]["bytes"] + size > max_bytes and chunks[-1]["files"]):
@@ -203,9 +199,13 @@ def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, A
                 "label": _label(chunks, chunk)}
 
 
-def _numbered(rows: Iterable[dict[str, str]]) -> Iterator[tuple[int, dict[str, str]]]:
-    for row in rows:
-        yield int(row["number"]), row
+def _numbered(rows: Any) -> Iterator[tuple[int, list[str]]]:
+    """The rows of a DictReader over a ``DONE_FIELDS`` table, as ``(number, values)`` (plain lists: this runs
+    over every file)."""
+    if tuple(rows.fieldnames or ()) != DONE_FIELDS:
+        raise BuildError(f"an inspection table has columns {rows.fieldnames}, expected {DONE_FIELDS}")
+    for values in rows.reader:
+        yield int(values[0]), values
 
 
 @summarized
@@ -218,19 +218,22 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         raise BuildError(f"inspection chunk(s) {', '.join(str(c + 1) for c in missing[:10])} of "
                          f"{len(plan['chunks'])} were not inspected")
 
-    def fresh() -> Iterator[dict[str, str]]:  # the chunks' rows, one file open at a time
+    def fresh() -> Iterator[tuple[int, list[str]]]:  # the chunks' rows, one file open at a time
         for chunk in range(len(plan["chunks"])):
             with read_rows(storage, staged(cfg, _done(chunk))) as rows:
-                yield from rows
+                yield from _numbered(rows)
 
     with ExitStack() as stack:
         carried = stack.enter_context(read_rows(storage, staged(cfg, CARRIED)))
         good = stack.enter_context(RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS))
         rejects = stack.enter_context(RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS))
         inspection = stack.enter_context(RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS))
-        for _, row in heapq.merge(_numbered(carried), _numbered(fresh()), key=lambda item: item[0]):
-            (rejects if row["reason"] else good).write(row)
-            inspection.write(row)
+        for _, values in heapq.merge(_numbered(carried), fresh(), key=lambda item: item[0]):
+            if values[REASON]:
+                rejects.write_values([values[i] for i in REJECT_COLUMNS])
+            else:
+                good.write_values([values[i] for i in IMAGE_COLUMNS])
+            inspection.write_values(values[2:])
     summary = {"inspected": good.count, "rejected": rejects.count, "files_read": plan["files_to_read"],
                "bytes_read": plan["bytes_to_read"], "files_reused": plan["files_reused"],
                "base_version": plan["base_version"], "not_reused_because": plan["not_reused_because"],

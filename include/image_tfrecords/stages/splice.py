@@ -73,9 +73,9 @@ def _check_framing(view: memoryview, entries: list[tuple[int, int]], runs: list[
     """Each kept record's length field agrees with the index and carries its CRC."""
     for start, stop in runs:
         for offset, length in entries[start:stop]:
-            header = view[offset:offset + HEADER]
+            header = bytes(view[offset:offset + HEADER])  # a copy: no view of the map outlives the check
             if len(header) < HEADER or int.from_bytes(header[:8], "little") + 16 != length or \
-                    masked_crc(bytes(header[:8])) != int.from_bytes(header[8:], "little"):
+                    masked_crc(header[:8]) != int.from_bytes(header[8:], "little"):
                 raise DamagedBase(f"the record at byte {offset} is not framed as its .tfindex says")
 
 
