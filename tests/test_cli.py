@@ -132,13 +132,14 @@ def test_a_labels_csv_without_its_columns_is_one_line(sample_dir: Path, tmp_path
     assert "must have a header with columns filename,label (found: name,class)" in result.stderr
 
 
-def test_a_damaged_previous_manifest_is_one_line(sample_dir: Path, tmp_path: Path) -> None:
+def test_a_damaged_previous_manifest_is_passed_over(sample_dir: Path, tmp_path: Path) -> None:
     args = ("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "d", "--workers", "1")
     assert run_cli(*args, "--version", "v1").returncode == 0
     (tmp_path / "d" / "v1" / "manifest.json").write_text("{not json")
-    result = run_cli(*args, "--version", "v2")
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "v1/manifest.json is not valid JSON" in result.stderr
+    result = run_cli(*args, "--version", "v2")  # passed over (issue 21), never a traceback
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    damaged = json.loads((tmp_path / "d" / "v2" / "manifest.json").read_text())["build"]["damaged_versions"]
+    assert len(damaged) == 1 and damaged[0].startswith("v1: ") and "v1/manifest.json is not valid JSON" in damaged[0]
 
 
 def test_salt_changes_the_split(sample_dir: Path, tmp_path: Path) -> None:
