@@ -34,8 +34,9 @@ from typing import Any
 import psutil
 import pytest
 
-from image_tfrecords import __version__, cli, layout, stages
+from image_tfrecords import cli, layout, stages
 from image_tfrecords.config import BuildConfig
+from image_tfrecords.incremental import INSPECTOR
 from image_tfrecords.sample import make_sample
 from image_tfrecords.storage import Storage, join
 from tests.tf_reader import FEATURE_KEYS
@@ -281,7 +282,7 @@ def check_version(storage: Storage, v: Version, files: dict[str, bytes]) -> None
     assert build["shards_reused"] + build["shards_rewritten"] + build["shards_written"] == len(shards)
     assert build["shards_reused"] == sum("reused_from" in s for s in shards.values())
     assert build["files_inspected"] + build["inspections_reused"] == len(files)
-    assert build["inspector"] == __version__
+    assert build["inspector"] == INSPECTOR
     assert storage.exists(join(v.uri, "_SUCCESS"))
 
 

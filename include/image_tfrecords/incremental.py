@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__, layout
+from . import layout
 from .config import BuildConfig
 from .discovery import DISCOVERED_FIELDS
 from .documents import read_rows
@@ -42,6 +42,9 @@ INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "widt
 # such a file is read again the next night even when its name, size and stamp are unchanged.
 RETRIED_REASONS = ("unreadable", "not_a_regular_file")
 COMPACTION_FACTOR = 1.5  # more shards than this times a full build's count: the build is a full rebuild
+# The release whose inspection rules this one keeps: inspected.csv rows of a version inspected by it are
+# taken over. Bump it (to the package version) when inspection concludes otherwise for some file.
+INSPECTOR = "0.4.0"
 FULL_REBUILD = "rebuild in full (--full on the command line, full_rebuild in the DAG)"  # when a base is damaged
 
 
@@ -72,7 +75,7 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
         return "full rebuild" if cfg.full else "no previous version"
     if base.manifest.get("source") != cfg.source:
         return f"version {base.version} was built from another source"
-    if base.build.get("inspector") != __version__:
+    if base.build.get("inspector") != INSPECTOR:
         return f"version {base.version} was inspected by another release of image-tfrecords"
     params = base.manifest.get("params", {})
     if (params.get("max_file_mb"), params.get("max_pixels")) != (cfg.max_file_mb, cfg.max_pixels):

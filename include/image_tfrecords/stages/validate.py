@@ -20,11 +20,12 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
-from .. import __version__, layout
+from .. import layout
 from ..config import BuildConfig
 from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
 from ..example import decode_example
+from ..incremental import INSPECTOR
 from ..manifest import RecordSchema, example_features
 from ..parallel import batched_map
 from ..progress import summarized
@@ -282,7 +283,7 @@ def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[d
     """The manifest's ``build``: how this version was made from the source and the previous version
     (``damaged``: the newer published versions passed over as damaged)."""
     return {
-        **plan["build"], "inspector": __version__, "record_positions": True,
+        **plan["build"], "inspector": INSPECTOR, "record_positions": True,
         "files_inspected": inspected["files_read"], "inspections_reused": inspected["files_reused"],
         "shards_reused": sum("reused_from" in s for s in shards),
         "shards_rewritten": sum("rewritten_from" in s for s in shards),
