@@ -21,11 +21,12 @@ from image_tfrecords.storage import Storage, join
 from tests.test_incremental import Images, add, base_source, build, check_version, config, read
 
 
-def night(tmp_path: Path, per_class: int = 12):
-    """v1, then a night: scattered deletions, a changed image, added images; stages run up to the plan."""
+def night(tmp_path: Path, per_class: int = 12, bucket: str | None = None):
+    """v1, then a night: scattered deletions, a changed image, added images; stages run up to the plan.
+    With a ``bucket``, source and destination are on the S3 server."""
     storage = Storage()
-    source = base_source(tmp_path, storage, None, per_class=per_class)
-    dest = str(tmp_path / "out")
+    source = base_source(tmp_path, storage, bucket, per_class=per_class)
+    dest = f"s3://{bucket}/out" if bucket else str(tmp_path / "out")
     build(storage, source.uri, dest, "d", "v1")
     names = sorted(source.files())
     for name in names[::7]:
@@ -40,8 +41,16 @@ def night(tmp_path: Path, per_class: int = 12):
     return storage, source, cfg
 
 
-def test_a_spliced_shard_is_the_reference_rewrite_byte_for_byte(tmp_path: Path) -> None:
-    storage, _, cfg = night(tmp_path)
+@pytest.fixture(params=["local", "s3"])
+def bucket_or_none(request: pytest.FixtureRequest) -> str | None:
+    if request.param == "local":
+        return None
+    request.getfixturevalue("s3_env")
+    return request.getfixturevalue("bucket")
+
+
+def test_a_spliced_shard_is_the_reference_rewrite_byte_for_byte(tmp_path: Path, bucket_or_none: str | None) -> None:
+    storage, _, cfg = night(tmp_path, bucket=bucket_or_none)
     rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
     assert rewrites and all(origin["runs"] for origin in rewrites.values())
     assert any(len(origin["runs"]) > 1 for origin in rewrites.values()), "no shard lost a record in its middle"
@@ -49,11 +58,11 @@ def test_a_spliced_shard_is_the_reference_rewrite_byte_for_byte(tmp_path: Path) 
     for shard, origin in sorted(rewrites.items()):
         shard_uri = staged(cfg, SHARDS, shard)
         reference = rewrite_shard(cfg, storage, shard, origin, read_workers=1)
-        want = Path(shard_uri).read_bytes(), Path(layout.index_file(shard_uri)).read_bytes()
+        want = storage.read_bytes(shard_uri), storage.read_bytes(layout.index_file(shard_uri))
         storage.delete(staged(cfg, RECEIPTS, shard + ".json"))  # not "already written": splice it
         storage.delete(shard_uri)
         checked = splice_shard(cfg, storage, shard, origin, read_workers=1)
-        got = Path(shard_uri).read_bytes(), Path(layout.index_file(shard_uri)).read_bytes()
+        got = storage.read_bytes(shard_uri), storage.read_bytes(layout.index_file(shard_uri))
         assert got == want, shard
         assert checked["sha256"] == reference["sha256"] == hashlib.sha256(got[0]).hexdigest()
         assert checked["index_sha256"] == reference["index_sha256"]

@@ -16,9 +16,11 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
 A base shard that is missing or damaged (digest, index, framing) never propagates: the shard is
 written from the source instead (``write_shard``), and its receipt says why (``fallback``).
 
-Only local, uncompressed shards are spliced here (a gzip stream has no record boundaries, and S3
-shards take the record-by-record path, ``rewrite_shard``); the slow path stays the reference that
-splicing must match byte for byte (tests/test_splice.py).
+On S3 the base shard is read once into a local file and the spliced shard is uploaded whole (a PUT
+whose SHA-256 the store verifies): its bytes pass through the worker, but no record is parsed. Gzip
+shards (one compressed stream, no record boundaries) take the record-by-record path,
+``rewrite_shard``, which stays the reference that splicing must match byte for byte
+(tests/test_splice.py).
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ class DamagedBase(Exception):
 
 
 def can_splice(cfg: BuildConfig, origin: dict[str, Any]) -> bool:
-    """Whether the plan's rewrite ``origin`` can be spliced here: a local, uncompressed destination and
-    a plan that knows the kept records' places (``runs``)."""
-    return origin.get("runs") is not None and cfg.compression == "none" and not is_s3(cfg.dataset_uri)
+    """Whether the plan's rewrite ``origin`` can be spliced: uncompressed shards and a plan that knows the
+    kept records' places (``runs``)."""
+    return origin.get("runs") is not None and cfg.compression == "none"
 
 
 def _index(data: bytes, num_records: int) -> list[tuple[int, int]]:
@@ -118,7 +120,10 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
                                                               prefix=TMP_PREFIX))
         path = os.path.join(tmp, shard)
-        base = stack.enter_context(open(old, "rb"))
+        if is_s3(old):  # read once, to a local file: the kernel copies its ranges, the store checks the upload
+            local = os.path.join(tmp, "base-" + origin["file"])
+            storage.download(old, local)
+        base = stack.enter_context(open(local if is_s3(old) else old, "rb"))
         size = os.fstat(base.fileno()).st_size
         if size != origin["num_bytes"] or (entries and entries[-1][0] + entries[-1][1] != size):
             raise DamagedBase(f"it holds {size} bytes, its version published {origin['num_bytes']}")
