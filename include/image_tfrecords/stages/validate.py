@@ -308,11 +308,14 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
     counts: Counter[str] = Counter()
     digests: Counter[str] = Counter()  # per split: sum of name hashes, as _set_digest
     contents: dict[str, array[int]] = defaultdict(lambda: array("Q"))  # per split: 64-bit sha256 prefixes
-    with read_rows(storage, staged(cfg, LABELS)) as rows:
-        for row in rows:
-            counts[row["split"]] += 1
-            digests[row["split"]] += _name_hash(row["filename"])
-            contents[row["split"]].append(int(row["sha256"][:16], 16))
+    with read_rows(storage, staged(cfg, LABELS)) as rows:  # plain lists: this runs over every record
+        column = {name: i for i, name in enumerate(rows.fieldnames or ())}
+        name, split_at, sha = column["filename"], column["split"], column["sha256"]
+        for values in rows.reader:
+            split = values[split_at]
+            counts[split] += 1
+            digests[split] += _name_hash(values[name])
+            contents[split].append(int(values[sha][:16], 16))
     _check_no_content_in_two_splits(cfg, storage, contents)
     splits: dict[str, Any] = {}
     checked: list[dict[str, Any]] = []
