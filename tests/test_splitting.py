@@ -151,3 +151,13 @@ def test_exactly_one_keeper_per_unconflicted_content() -> None:
     kept = [name for name, _, sha in ROWS if resolver.verdict(name, sha) is None]
     assert sorted(kept) == ["bird/only.jpg", "cat/a.jpg", "cat/unique.jpg"]
 
+
+
+def test_a_shared_64_bit_prefix_is_not_shared_content() -> None:
+    """The resolver narrows candidates by the first 64 bits of the SHA-256, then compares full hashes."""
+    first, second = "0" * 16 + "1" * 48, "0" * 16 + "2" * 48
+    resolver = DuplicateResolver(lambda: [("x/a.jpg", "x", first), ("y/b.jpg", "y", second),
+                                          ("y/c.jpg", "y", second)])
+    assert resolver.verdict("x/a.jpg", first) is None and resolver.verdict("y/b.jpg", second) is None
+    assert resolver.verdict("y/c.jpg", second) == ("duplicate", "same content as y/b.jpg")
+    assert resolver.kept_labels() == {"x", "y"}

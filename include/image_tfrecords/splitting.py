@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
-import sqlite3
-import tempfile
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Mapping
 
 
 def unit_hash(*parts: str) -> float:
@@ -46,26 +44,39 @@ class DuplicateResolver:
     ``duplicate``. Same bytes under different labels: none is kept (``label_conflict``), since
     either label would be wrong for one of them.
 
-    Memory does not grow with the number of images: the rows go into a temporary SQLite file and
-    only the files that share content with another are held, with their verdicts.
+    Memory holds 12 bytes per image (the first 64 bits of its SHA-256 and its label's number, in
+    numpy arrays) and the files that may share content with another, with their verdicts: a second
+    pass over ``rows()`` reads those (whose 64-bit prefix is not unique) and compares full hashes.
     """
 
-    def __init__(self, rows: Iterable[tuple[str, str, str]]) -> None:
-        """``rows``: (filename, label, sha256) for every inspected image."""
-        with tempfile.TemporaryDirectory(prefix="duplicates-") as tmp:
-            db = sqlite3.connect(os.path.join(tmp, "files.db"))
-            try:
-                db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-1024;"
-                                 "CREATE TABLE files (sha TEXT, filename TEXT, label TEXT);")
-                db.executemany("INSERT INTO files VALUES (?, ?, ?)", ((sha, f, label) for f, label, sha in rows))
-                db.execute("CREATE INDEX by_sha ON files (sha, filename)")
-                self._labels = {label for (label,) in db.execute(
-                    "SELECT DISTINCT min(label) FROM files GROUP BY sha HAVING count(DISTINCT label) = 1")}
-                self._verdicts = self._resolve(db.execute(
-                    "SELECT sha, filename, label FROM files WHERE sha IN "
-                    "(SELECT sha FROM files GROUP BY sha HAVING count(*) > 1) ORDER BY sha, filename"))
-            finally:
-                db.close()
+    def __init__(self, rows: Callable[[], Iterable[tuple[str, str, str]]] | Iterable[tuple[str, str, str]]) -> None:
+        """``rows``: (filename, label, sha256) for every inspected image: a callable giving them afresh each
+        call (read twice: the streaming way), or an iterable (held in memory)."""
+        import numpy as np
+
+        if not callable(rows):
+            held = list(rows)
+            rows = lambda: held  # noqa: E731
+
+        label_number: dict[str, int] = {}
+        prefixes, labels = array("Q"), array("q")
+        for _, label, sha in rows():
+            prefixes.append(int(sha[:16], 16))
+            labels.append(label_number.setdefault(label, len(label_number)))
+        content = np.frombuffer(prefixes, dtype=np.uint64) if prefixes else np.zeros(0, dtype=np.uint64)
+        numbers = np.frombuffer(labels, dtype=np.int64) if labels else np.zeros(0, dtype=np.int64)
+        ordered = np.sort(content)
+        shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # prefixes two rows or more hold
+        candidate = np.isin(content, shared) if len(shared) else np.zeros(len(content), dtype=bool)
+        names = {number: label for label, number in label_number.items()}
+        self._labels = {names[int(n)] for n in np.unique(numbers[~candidate])}  # unique content: kept
+        self._verdicts: dict[tuple[str, str], tuple[str, str]] = {}
+        if len(shared):
+            wanted = {int(p) for p in shared}
+            grouped = sorted((sha, filename, label) for filename, label, sha in rows()
+                             if int(sha[:16], 16) in wanted)
+            self._verdicts = self._resolve(grouped)
+            self._labels |= {label for sha, filename, label in grouped if (filename, sha) not in self._verdicts}
 
     @staticmethod
     def _resolve(rows: Iterable[tuple[str, str, str]]) -> dict[tuple[str, str], tuple[str, str]]:

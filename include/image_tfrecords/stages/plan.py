@@ -21,24 +21,26 @@ full build (after many deletions), it compacts: it is planned as a full build.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import mmap
 import os
-import struct
 import tempfile
 from array import array
-from collections import Counter, defaultdict
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import planning
 from ..config import BuildConfig
-from ..documents import RowWriter, csv_writer, read_json, read_rows, write_json
+from ..documents import csv_writer, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..imaging import planned_bytes
 from ..incremental import COMPACTION_FACTOR, Base, base_of, missing_base_files, survivors, why_not_reuse_shards
 from ..manifest import record_fields, schema_of
 from ..progress import log, summarized
-from ..storage import Storage
+from ..storage import Storage, is_s3
 from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 
 
@@ -212,11 +214,14 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
 
 
 def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any, tmp: str) -> None:
-    """Stage labels.csv (each record's row and shard) and each shard's members (``members/{shard}.csv``:
-    in order of order key, then row number; a rewritten shard's appended records after the others).
+    """Stage labels.csv (each record's row, shard and place in it) and each shard's members
+    (``members/{shard}.csv``: its rows in record order: by order key, then row number; a rewritten
+    shard's kept records in the base shard's order, then its appended ones).
 
-    Each row is formatted once; its place in its shard's file is computed up front (numpy), and rows wait
-    in one temporary file per shard (length-prefixed), so memory holds one shard's rows at most.
+    Each record's CSV text is taken from records.csv as it is and extended with its shard and place;
+    labels.csv is written in row order, remembering where each row's line starts, and each shard's
+    members are then cut from it in place order (numpy computes both orders): memory holds 16 bytes per
+    record and one shard's rows.
     """
     import numpy as np
 
@@ -224,53 +229,77 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
     count = len(keys)
     order = np.lexsort((np.arange(count), keys, layout.base_position, layout.appended, layout.shard_of))
     in_order = layout.shard_of[order]
-    position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard's members file
-    position[order] = np.arange(count) - np.searchsorted(in_order, np.arange(len(files)))[in_order]
-    folder = os.path.join(tmp, "members")
-    os.makedirs(folder)
-    buffers: dict[int, list[bytes]] = defaultdict(list)
-
-    def flush() -> None:
-        for shard, entries in buffers.items():
-            with open(os.path.join(folder, str(shard)), "ab") as f:
-                f.writelines(entries)
-        buffers.clear()
-
-    text = io.StringIO()
-    line_writer = csv_writer(text)
-    with read_rows(storage, staged(cfg, RECORDS)) as rows, \
-            RowWriter(storage, staged(cfg, LABELS), (*record_fields(cfg), "shard", "shard_position")) as labels:
-        if tuple(rows.fieldnames or ()) != record_fields(cfg):
-            raise BuildError(f"{staged(cfg, RECORDS)} has columns {rows.fieldnames}, expected {record_fields(cfg)}")
-        for number, values in enumerate(rows.reader):
-            shard = int(layout.shard_of[number])
-            text.seek(0)
-            text.truncate()
-            line_writer.writerow([*values, files[shard], int(position[number])])
-            line = text.getvalue()
-            labels.write_line(line)
-            data = line.encode()
-            buffers[shard].append(_ENTRY.pack(int(position[number]), len(data)) + data)
-            if number % 5_000 == 4_999:
-                flush()
-    flush()
+    starts = np.searchsorted(in_order, np.arange(len(files) + 1))  # shard -> its first entry in ``order``
+    position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard
+    position[order] = np.arange(count) - starts[:-1][in_order]
     header = labels_header(cfg)
-    for shard, name in enumerate(files):
-        path = os.path.join(folder, str(shard))
-        if not os.path.exists(path):
-            continue  # an empty split has no shards; a planned shard always has members
-        with open(path, "rb") as f:
-            entries = f.read()  # one shard's rows: bounded by the shard size
-        lines: list[bytes] = []
-        offset = 0
-        while offset < len(entries):
-            place, size = _ENTRY.unpack_from(entries, offset)
-            offset += _ENTRY.size
-            lines.append((place, entries[offset:offset + size]))  # type: ignore[arg-type]
-            offset += size
-        lines.sort()
-        storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
-                            header.encode() + b"".join(line for _, line in lines))  # type: ignore[misc]
+    suffixes = [_field(name) for name in files]
+    offsets = np.zeros(count + 1, dtype=np.int64)  # row number -> where its line starts in labels.csv
+    labels_path = os.path.join(tmp, "labels.csv")
+    with _record_texts(storage, staged(cfg, RECORDS), tmp, header) as texts, open(labels_path, "wb") as out:
+        out.write(header.encode())
+        at = len(header.encode())
+        batch: list[bytes] = []
+        seen = 0
+        for number, text in enumerate(texts):
+            if number >= count:
+                raise BuildError(f"{staged(cfg, RECORDS)} holds more rows than were planned")
+            seen += 1
+            line = f"{text},{suffixes[layout.shard_of[number]]},{position[number]}\n".encode("utf-8", "surrogateescape")
+            offsets[number] = at
+            at += len(line)
+            batch.append(line)
+            if len(batch) == 4096:
+                out.writelines(batch)
+                batch.clear()
+        out.writelines(batch)
+        offsets[count] = at
+        if seen != count:
+            raise BuildError(f"{staged(cfg, RECORDS)} holds {seen} rows, {count} were planned")
+    storage.upload(labels_path, staged(cfg, LABELS))
+    head = header.encode()
+    with open(labels_path, "rb") as f, (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) as lines:
+        for shard, name in enumerate(files):
+            rows = order[starts[shard]:starts[shard + 1]]
+            if not len(rows):
+                continue  # an empty split has no shards; a planned shard always has members
+            storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
+                                head + b"".join(lines[offsets[r]:offsets[r + 1]] for r in rows.tolist()))
+
+
+def _field(value: str) -> str:
+    """``value`` as one CSV field."""
+    text = io.StringIO()
+    csv_writer(text).writerow([value])
+    return text.getvalue()[:-1]
+
+
+@contextlib.contextmanager
+def _record_texts(storage: Storage, uri: str, tmp: str, header: str) -> Iterator[Iterator[str]]:
+    """Each row of the CSV table at ``uri`` as its text (without the line end), checked to have ``header``'s
+    columns but the last two (shard, shard_position): a record spans lines while its quotes are open."""
+    path = uri
+    if is_s3(uri):
+        path = os.path.join(tmp, "records.csv")
+        storage.download(uri, path)
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        first = f.readline()
+        expected = header.rsplit(",", 2)[0] + "\n"
+        if first.lstrip("\ufeff") != expected:
+            raise BuildError(f"{uri} has columns {first.strip()!r}, expected {expected.strip()!r}")
+
+        def texts() -> Iterator[str]:
+            pending = ""
+            for line in f:
+                pending += line
+                if pending.count('"') % 2:  # a quoted field goes on: \r or \n inside it
+                    continue
+                yield pending[:-1] if pending.endswith("\n") else pending
+                pending = ""
+            if pending:
+                raise BuildError(f"{uri} ends inside a quoted field")
+
+        yield texts()
 
 
 def labels_header(cfg: BuildConfig) -> str:
@@ -280,7 +309,6 @@ def labels_header(cfg: BuildConfig) -> str:
     return text.getvalue()
 
 
-_ENTRY = struct.Struct("<qI")  # a row waiting in a shard's temporary file: its place, its length
 
 
 def task_shards(cfg: BuildConfig, storage: Storage, task_index: int) -> list[str]:

@@ -41,10 +41,16 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv).
     """
     inspected = staged(cfg, IMAGES)
-    with read_rows(storage, inspected) as rows:  # plain lists, not dicts: both passes run over every image
+    with read_rows(storage, inspected) as rows:  # plain lists, not dicts: the passes run over every image
         col = {name: i for i, name in enumerate(rows.fieldnames or ())}
-        name, label, sha = col["filename"], col["label"], col["sha256"]
-        resolver = DuplicateResolver((v[name], v[label], v[sha]) for v in rows.reader)
+    name, label, sha = col["filename"], col["label"], col["sha256"]
+
+    def images() -> Iterator[tuple[str, str, str]]:
+        with read_rows(storage, inspected) as rows:
+            _ = rows.fieldnames
+            yield from ((v[name], v[label], v[sha]) for v in rows.reader)
+
+    resolver = DuplicateResolver(images)
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
     multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
