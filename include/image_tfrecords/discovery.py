@@ -77,9 +77,11 @@ class DiscoveryCounts:
 def looks_like_image(filename: str, modern: bool = True) -> bool:
     """True for names with an image extension (any case), not hidden and not in a hidden folder; with
     ``modern`` False, HEIC/HEIF, AVIF and JPEG XL names are not images."""
-    if any(part.startswith(".") for part in filename.split("/")):
+    if filename.startswith(".") or "/." in filename:  # a hidden file, or one in a hidden folder
         return False
-    extension = posixpath.splitext(filename)[1].lower()
+    base = filename.rpartition("/")[2]
+    dot = base.rfind(".")
+    extension = base[dot:].lower() if dot > 0 else ""  # as posixpath.splitext: ".jpg" alone has none
     return extension in IMAGE_EXTENSIONS and (modern or extension not in MODERN_EXTENSIONS)
 
 

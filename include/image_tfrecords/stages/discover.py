@@ -33,8 +33,8 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                                   cfg.modern_formats):
             if candidate.reason:
                 rejects.write(vars(candidate))
-            else:
-                found.write(vars(candidate))
+            else:  # plain values: this runs over every file
+                found.write_values((candidate.filename, candidate.label, candidate.num_bytes, candidate.stamp))
                 if cfg.columns:
                     metadata.write_values((candidate.filename, *candidate.values))
     counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
