@@ -21,6 +21,7 @@ from PIL import Image, ImageDraw
 
 from image_tfrecords import card_render
 from image_tfrecords.card import PreviousVersion, build_card
+from image_tfrecords.card_stats import SCAN_FILE, LabelScan
 from image_tfrecords.manifest import LABELS_FIELDS, feature_spec
 from tests.test_cli import run_cli
 
@@ -83,7 +84,7 @@ def render(manifest: dict[str, Any], rows: list[Row], images: dict[str, bytes], 
            previous: PreviousVersion | None = None,
            fetch: Callable[[Row], bytes | None] | None = None) -> dict[str, bytes]:
     return build_card(manifest, lambda: iter(rows), lambda: iter(rejects), previous,
-                      fetch or (lambda row: images.get(row["filename"])))
+                      fetch or (lambda row: images.get(row["filename"])), labels_sha256="a" * 64)
 
 
 def md_table(md: str, heading: str, nth: int = 0) -> tuple[list[str], list[list[str]]]:
@@ -205,8 +206,27 @@ def test_output_is_deterministic_and_independent_of_row_order() -> None:
     random.Random(1).shuffle(shuffled)
     again = render(manifest, shuffled, images, rejects, previous=previous)
     assert list(again) == list(first)
-    for key in first:
-        assert again[key] == first[key], key
+    for key in first:  # the saved scan follows labels.csv's rows (its hashes are in row order)
+        if key != SCAN_FILE:
+            assert again[key] == first[key], key
+    assert render(manifest, rows, images, previous=previous)[SCAN_FILE] == first[SCAN_FILE]
+
+
+def test_the_saved_scan_stands_for_a_rescan_of_the_same_labels() -> None:
+    """A version's card saves its labels scan; the next card uses it in place of scanning that labels.csv
+    again, and says the same; a scan of other labels (another SHA-256) is not used."""
+    rows, images = make_dataset({"cats": 9, "dogs": 7}, CLASSES)
+    old_rows = [*rows[:6], {**rows[6], "sha256": "f" * 64}]  # a changed image
+    old_manifest = make_manifest(old_rows, CLASSES, "v1")
+    saved = render(old_manifest, old_rows, images)[SCAN_FILE]
+    scan = LabelScan.load(saved, "a" * 64)
+    assert scan is not None and LabelScan.load(saved, "b" * 64) is None and LabelScan.load(b"junk", "a" * 64) is None
+    assert scan.records == LabelScan.of(iter(old_rows), None, hashes=True).records
+    manifest = make_manifest(rows, CLASSES)
+    rescanned = render(manifest, rows, images, previous=PreviousVersion(old_manifest, lambda: iter(old_rows)))
+    reused = render(manifest, rows, images, previous=PreviousVersion(old_manifest, lambda: iter(old_rows), scan))
+    assert reused == rescanned
+    assert "changed" in reused["card.md"].decode()
 
 
 def test_samples_are_the_smallest_sha_rows_of_each_class() -> None:
@@ -382,7 +402,8 @@ def test_multi_label_counts_each_class_of_a_record(sep: str) -> None:
         thumbs = [card_render.thumbnail(images[r["filename"]]) for r in with_class[:6]]
         assert out[f"card/samples/class-{cid:05d}.png"] == card_render.thumbnail_strip(thumbs)
     decode_png(out["card/records.png"])
-    assert render(multi_label_manifest(rows, sep), rows[::-1], images) == out  # independent of the row order
+    reversed_rows = render(multi_label_manifest(rows, sep), rows[::-1], images)  # independent of the row order
+    assert {k: v for k, v in reversed_rows.items() if k != SCAN_FILE} == {k: v for k, v in out.items() if k != SCAN_FILE}
     assert_self_contained(out)
 
 

@@ -24,6 +24,7 @@ from .card_stats import (
     PAIR_CLASSES,
     REJECT_EXAMPLES,
     SAMPLES,
+    SCAN_FILE,
     Diff,
     LabelScan,
     SamplePicker,
@@ -55,6 +56,7 @@ class PreviousVersion:
 
     manifest: dict[str, Any]
     labels: Callable[[], Iterable[dict[str, str]]]
+    scan: LabelScan | None = None  # its labels.csv's scan, as its card saved it (None: scan labels again)
 
 
 # -- the card ------------------------------------------------------------------------------------------
@@ -374,14 +376,14 @@ def split_names(manifest: dict[str, Any]) -> list[str]:
 def build_card(manifest: dict, labels: Callable[[], Iterable[dict[str, str]]],
                rejects: Callable[[], Iterable[dict[str, str]]],
                previous: PreviousVersion | None,
-               fetch_image: Callable[[dict[str, str]], bytes | None]) -> dict[str, bytes]:
+               fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "") -> dict[str, bytes]:
     """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``."""
     picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
     separator = separator_of(manifest)
     old_separator = separator_of(previous.manifest) if previous is not None else None
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
     few = len(manifest.get("classes", [])) <= PAIR_CLASSES
-    scan = LabelScan.of(labels(), picker, hashes=previous is not None, separator=separator,
+    scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
                         pairs=separator is not None and few, labelsets=relabels)
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
         scan.count_pairs(labels(), separator, PAIR_CLASSES)
@@ -397,12 +399,14 @@ def build_card(manifest: dict, labels: Callable[[], Iterable[dict[str, str]]],
     if previous is None:
         card.first_version()
     else:
-        old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
+        old = previous.scan
+        if old is None or (relabels and not old.hashed_labelsets):
+            old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
         card.changes(previous.manifest, old, diff_versions(scan, labels, old, previous.labels))
     card.params()
     title = f"Dataset card: {manifest['dataset']} {manifest['version']}"
     blocks: list[Block] = [Heading(title, 1), *card.blocks]
     return {"card.md": render_md(blocks).encode(), "card.html": render_html(blocks, title, card.pngs).encode(),
-            **dict(sorted(card.pngs.items()))}
+            **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256)}
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import heapq
+import json
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 Rows = Callable[[], Iterable[dict[str, str]]]
@@ -89,6 +89,10 @@ def _pairs(counter: Counter[tuple[int, int]], classes: list[tuple[int, str]], ke
             counter[a, b] += 1
 
 
+SCAN_FILE = "card/labels-scan.bin"  # a version's LabelScan, so that the next version's card need not scan again
+_SCAN_FORMAT = 1
+
+
 @dataclass
 class LabelScan:
     """One pass over a labels.csv: records per (class, split) and per split, and row hashes for the diff.
@@ -132,6 +136,35 @@ class LabelScan:
                 if labelsets:
                     scan.labelsets += _labelset_hash(row["filename"], classes)
         return scan
+
+    def dump(self, labels_sha256: str) -> bytes:
+        """This scan (of the labels.csv whose SHA-256 is ``labels_sha256``) as bytes: a JSON line, then the
+        row hashes. Deterministic: the same scan gives the same bytes."""
+        header = {"format": _SCAN_FORMAT, "labels_sha256": labels_sha256, "rows": len(self.names) // 8,
+                  "counts": sorted([name, split, n] for (name, split), n in self.counts.items()),
+                  "records": sorted(self.records.items()), "ids": sorted(self.ids.items()),
+                  "sizes": sorted([size, split, n] for (size, split), n in self.sizes.items()),
+                  "labelsets": self.hashed_labelsets}
+        return (json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + bytes(self.names)
+                + bytes(self.contents) + bytes(self.labelsets))
+
+    @classmethod
+    def load(cls, data: bytes, labels_sha256: str) -> LabelScan | None:
+        """The scan ``dump`` wrote, if it is of the labels.csv whose SHA-256 is ``labels_sha256`` (else None)."""
+        try:
+            line, _, body = data.partition(b"\n")
+            header = json.loads(line)
+            rows = int(header["rows"])
+            if header.get("format") != _SCAN_FORMAT or header.get("labels_sha256") != labels_sha256 or \
+                    not labels_sha256 or len(body) != 8 * rows * (3 if header["labelsets"] else 2):
+                return None
+            return cls(counts=Counter({(name, split): n for name, split, n in header["counts"]}),
+                       records=Counter(dict(header["records"])), ids=dict(header["ids"]),
+                       sizes=Counter({(size, split): n for size, split, n in header["sizes"]}),
+                       names=bytearray(body[:8 * rows]), contents=bytearray(body[8 * rows:16 * rows]),
+                       labelsets=bytearray(body[16 * rows:]), hashed_labelsets=bool(header["labelsets"]))
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def classes(self) -> set[str]:
         return {name for name, _ in self.counts}
@@ -178,25 +211,30 @@ def _isin(values: Any, sorted_ref: Any) -> Any:
     return sorted_ref[at] == values
 
 
-def _chunks(rows: Iterable[dict[str, str]], size: int = 4096) -> Iterator[list[dict[str, str]]]:
-    it = iter(rows)
-    while chunk := list(islice(it, size)):
-        yield chunk
-
-
-def _examples(rows: Iterable[dict[str, str]], targets: dict[str, Any], k: int = EXAMPLES) -> dict[str, list[str]]:
-    """For each target (sorted array of filename hashes), the ``k`` smallest matching file names."""
+def _examples(rows: Iterable[dict[str, str]], hashes: Any, targets: dict[str, Any],
+              k: int = EXAMPLES) -> dict[str, list[str]]:
+    """For each target (sorted array of filename hashes), the ``k`` smallest matching file names. ``hashes``:
+    the filename hash of each row of ``rows``, in order (a scan's ``names``), so only the rows that match
+    are looked at."""
     import numpy as np
 
     found: dict[str, list[str]] = {name: [] for name in targets}
-    if not any(len(t) for t in targets.values()):
+    wanted = {name: set(np.flatnonzero(_isin(hashes, target)).tolist()) for name, target in targets.items()
+              if len(target)}
+    every = set().union(*wanted.values()) if wanted else set()
+    if not every:
         return found
-    for chunk in _chunks(rows):
-        hashes = np.frombuffer(b"".join(_hash8(r["filename"]) for r in chunk), dtype="<u8")
-        for name, target in targets.items():
-            hits = (chunk[i]["filename"] for i in np.flatnonzero(_isin(hashes, target)))
-            found[name] = heapq.nsmallest(k, [*found[name], *hits])
-    return found
+    last = max(every)
+    for number, row in enumerate(rows):
+        if number in every:
+            for name, numbers in wanted.items():
+                if number in numbers:
+                    found[name].append(row["filename"])
+                    if len(found[name]) > 64 * k:  # bounded: keep the smallest
+                        found[name] = heapq.nsmallest(k, found[name])
+        if number >= last:
+            break
+    return {name: heapq.nsmallest(k, names) for name, names in found.items()}
 
 
 @dataclass
@@ -225,8 +263,8 @@ def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previou
         sets, old_sets = (np.frombuffer(b, dtype="<u8") for b in (current.labelsets, previous.labelsets))
         targets["relabelled"] = np.sort(names[known & ~_isin(sets, np.sort(old_sets))])
         relabelled = len(targets["relabelled"])
-    examples = _examples(labels(), targets)
-    examples |= _examples(previous_labels(), {"removed": removed})
+    examples = _examples(labels(), names, targets)
+    examples |= _examples(previous_labels(), old_names, {"removed": removed})
     return Diff(len(added), len(removed), len(changed), examples, relabelled)
 
 

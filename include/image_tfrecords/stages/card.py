@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,10 +19,14 @@ from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, staged
 
 
 def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
-    """A callable giving a fresh iterator over the CSV rows at ``uri`` each time."""
+    """A callable giving a fresh iterator over the CSV rows at ``uri`` each time (dicts made from plain
+    lists: cheaper than DictReader's rows, and the card reads every row more than once)."""
     def rows() -> Iterator[dict[str, str]]:
         with read_rows(storage, uri) as it:
-            yield from it
+            names = it.fieldnames or []
+            for values in it.reader:
+                if values:
+                    yield dict(zip(names, values, strict=False))
     return rows
 
 
@@ -44,7 +49,7 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             return None
 
     files = build_card(manifest, _rows(storage, staged(cfg, LABELS)), _rows(storage, staged(cfg, REJECTS)),
-                       previous, fetch_image)
+                       previous, fetch_image, labels_sha256=storage.sha256_of(staged(cfg, LABELS)) or "")
     for name in sorted(files):
         storage.write_bytes(staged(cfg, CARD, name), files[name])
     write_json(storage, staged(cfg, CARD_INDEX), sorted(files))
@@ -55,6 +60,7 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
     """The previous version for the card's diff; None (a card without one, said in the log) when there is
     none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build."""
     from ..card import PreviousVersion
+    from ..card_stats import SCAN_FILE, LabelScan
 
     if not version:
         return None
@@ -67,4 +73,8 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
         log.warning("the card has no changes since version %s: %s", version,
                     f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)
         return None
-    return PreviousVersion(manifest, _rows(storage, join(earlier, layout.LABELS)))
+    scan = None  # the scan its card saved, when it is of its labels.csv as it is now
+    with contextlib.suppress(FileNotFoundError):
+        scan = LabelScan.load(storage.read_bytes(join(earlier, SCAN_FILE)),
+                              storage.sha256_of(join(earlier, layout.LABELS)) or "")
+    return PreviousVersion(manifest, _rows(storage, join(earlier, layout.LABELS)), scan)
