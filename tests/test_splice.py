@@ -128,3 +128,27 @@ def test_records_keep_their_place_across_nights(tmp_path: Path) -> None:
         version = read(storage, join(cfg.dataset_uri, f"v{number}"))
         check_version(storage, version, source.files())  # checks shard_position against TensorFlow's order
         assert version.build["mode"] == "incremental"
+
+
+def test_odd_file_names_survive_nights_of_rows_copied_as_text(tmp_path: Path) -> None:
+    """Names with commas, quotes, a line feed and a carriage return (quoted CSV fields spanning lines):
+    the nights that copy inspected.csv, records.csv and labels.csv rows on as text keep them whole."""
+    storage = Storage()
+    source = base_source(tmp_path, storage, None, per_class=6)
+    images = Images(tmp_path / "odd")
+    odd = ['circles/a,b.jpg', 'circles/say "cheese".jpg', 'squares/two\nlines.jpg', 'squares/cr\rhere.jpg',
+           'triangles/"quoted".jpg']
+    for name in odd:
+        source.put(name, images.take(1, ".jpg")[0][1])
+    dest = str(tmp_path / "out")
+    build(storage, source.uri, dest, "d", "v1")
+    for number, name in enumerate(odd[:2]):
+        source.delete(name)
+        add(source, images, "squares", f"night{number}", 2)
+        build(storage, source.uri, dest, "d", f"v{number + 2}")
+        version = read(storage, join(dest, "d", f"v{number + 2}"))
+        check_version(storage, version, source.files())
+        assert version.build["mode"] == "incremental" and version.build["inspections_reused"] > 0
+        full = tmp_path / f"full{number}"
+        build(storage, source.uri, str(full), "d", f"v{number + 2}", full=True)
+        assert version.rows == read(storage, join(str(full), "d", f"v{number + 2}")).rows

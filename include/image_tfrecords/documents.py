@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from .storage import Storage, is_s3
@@ -25,6 +26,55 @@ def read_rows(storage: Storage, uri: str, errors: str = "strict") -> Iterator[cs
     else:
         with open(uri, newline="", encoding="utf-8-sig", errors=errors) as f:
             yield csv.DictReader(f)
+
+
+@contextmanager
+def raw_rows(storage: Storage, uri: str) -> Iterator[tuple[str, Iterator[str]]]:
+    """The header line and each row of the CSV table at ``uri`` as its text, without the line end (S3
+    objects are spooled to disk): a row goes on over line ends while its quotes are open. For passes that
+    copy rows on, or extend them, without parsing every field (see ``csv_field``, ``field_end``)."""
+    with ExitStack() as stack:
+        path = uri
+        if is_s3(uri):
+            path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "rows.csv")
+            storage.download(uri, path)
+        f = stack.enter_context(open(path, newline="", encoding="utf-8", errors="surrogateescape"))
+        header = f.readline().lstrip("\ufeff").rstrip("\n")
+
+        def texts() -> Iterator[str]:
+            pending = ""
+            for line in f:
+                pending += line
+                if pending.count('"') % 2:  # a quoted field goes on: a \r or \n inside it
+                    continue
+                yield pending[:-1] if pending.endswith("\n") else pending
+                pending = ""
+            if pending:
+                raise ValueError(f"{uri} ends inside a quoted field")
+
+        yield header, texts()
+
+
+def csv_field(value: str) -> str:
+    """``value`` as one field of this package's CSV rows (quoted when it must be)."""
+    text = io.StringIO()
+    csv_writer(text).writerow([value])
+    return text.getvalue()[:-1]
+
+
+def field_end(text: str, start: int = 0) -> int:
+    """Where the CSV field that begins at ``start`` of a row's ``text`` ends (the index of the comma after
+    it, or the length of the text)."""
+    if text.startswith('"', start):
+        at = start + 1
+        while True:
+            at = text.index('"', at)
+            if text.startswith('"', at + 1):  # a doubled quote inside the field
+                at += 2
+                continue
+            return at + 1
+    comma = text.find(",", start)
+    return len(text) if comma < 0 else comma
 
 
 class _LineFeed:

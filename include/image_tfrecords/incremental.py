@@ -17,8 +17,8 @@ of the keys (the base's rows wait in a temporary file), so memory holds about 10
 
 from __future__ import annotations
 
+import csv
 import hashlib
-import marshal
 import mmap
 import os
 from collections.abc import Iterator
@@ -29,7 +29,7 @@ from typing import Any
 from . import layout
 from .config import BuildConfig
 from .discovery import DISCOVERED_FIELDS
-from .documents import read_rows
+from .documents import raw_rows, read_rows
 from .imaging import ImageOptions
 from .manifest import RecordSchema
 from .metadata import DEFAULT_SEPARATOR
@@ -131,7 +131,7 @@ def _digest(text: str) -> bytes:
 
 
 class _Spill:
-    """Rows (lists of strings) written to a temporary file, read back by the number ``add`` returns: the
+    """Rows (their CSV text) written to a temporary file, read back by the number ``add`` returns: the
     joins keep only a digest and a number per row in memory."""
 
     def __init__(self, folder: str, name: str) -> None:
@@ -140,8 +140,8 @@ class _Spill:
         self._map: mmap.mmap | None = None
         self._size = 0
 
-    def add(self, values: list[str]) -> int:
-        data = marshal.dumps(values)
+    def add(self, text: str) -> int:
+        data = text.encode("utf-8", "surrogateescape")
         where = self._size << 24 | len(data)  # offset and length in one int (a row is below 16 MB)
         self._file.write(data)
         self._size += len(data)
@@ -153,10 +153,10 @@ class _Spill:
             with open(self._path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
-    def get(self, where: int) -> list[str]:
+    def get(self, where: int) -> str:
         offset, length = where >> 24, where & 0xFFFFFF
         assert self._map is not None
-        return marshal.loads(self._map[offset:offset + length])
+        return self._map[offset:offset + length].decode("utf-8", "surrogateescape")
 
     def close(self) -> None:
         self._file.close()
@@ -177,9 +177,10 @@ class Inspections:
                  spill: _Spill | None = None) -> None:
         self._storage, self._discovered, self._known, self._spill = storage, discovered, known, spill
 
-    def all(self) -> Iterator[tuple[list[str], list[str] | None]]:
-        """Each discovered row's values (``DISCOVERED_FIELDS``) and the base's inspection of it
-        (``INSPECTION_FIELDS``), or None: plain lists, as this runs over every file."""
+    def all(self) -> Iterator[tuple[list[str], str | None]]:
+        """Each discovered row's values (``DISCOVERED_FIELDS``) and the base's inspection of it (its
+        inspected.csv row's text, ``INSPECTION_FIELDS``), or None: plain lists and text, as this runs over
+        every file."""
         with read_rows(self._storage, self._discovered) as rows:
             _check_header(rows.fieldnames, self._discovered)
             for values in rows.reader:
@@ -214,16 +215,23 @@ def inspections(storage: Storage, base: Base | None, discovered: str, folder: st
         return
     spill = _Spill(folder, "inspected.rows")
     known: dict[bytes, int] = {}
+    reason = INSPECTION_FIELDS.index("reason")
     try:
-        with read_rows(storage, uri) as rows:
-            names = rows.fieldnames or []
-            columns = [names.index(name) if name in names else None for name in INSPECTION_FIELDS]
-            reason = INSPECTION_FIELDS.index("reason")
-            for values in rows.reader:
-                row = [values[i] if i is not None and i < len(values) else "" for i in columns]
-                if row[reason] in RETRIED_REASONS:
-                    continue
-                known[_digest(f"{row[0]}\0{row[1]}\0{row[2]}")] = spill.add(row)  # filename, num_bytes, stamp
+        with raw_rows(storage, uri) as (header, texts):
+            if header != ",".join(INSPECTION_FIELDS):  # not this release's columns: read nothing of it
+                yield Inspections(storage, discovered)
+                return
+            for text in texts:
+                if text.endswith(",,") and not text.startswith('"'):  # an image, its name needs no quotes
+                    first = text.index(",")
+                    second = text.index(",", first + 1)
+                    key = text[:second].replace(",", "\0") + "\0" + text[second + 1:text.index(",", second + 1)]
+                else:  # a reject, or a name in quotes: parse the row
+                    values = next(csv.reader([text]))
+                    if values[reason] in RETRIED_REASONS:
+                        continue
+                    key = f"{values[0]}\0{values[1]}\0{values[2]}"
+                known[_digest(key)] = spill.add(text)  # filename, num_bytes, stamp
         spill.seal()
         yield Inspections(storage, discovered, known, spill)
     finally:

@@ -19,6 +19,7 @@ cut or on which worker read what.
 
 from __future__ import annotations
 
+import csv
 import heapq
 import itertools
 import math
@@ -33,7 +34,7 @@ from typing import Any
 from .. import layout
 from ..config import BuildConfig
 from ..discovery import DISCOVERED_FIELDS
-from ..documents import RowWriter, read_json, read_rows, write_json
+from ..documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..incremental import INSPECTION_FIELDS, base_of, inspections, why_not_reuse_inspection
 from ..manifest import REJECTS_FIELDS
@@ -62,7 +63,6 @@ CHUNKS = "inspect/chunks.json"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
 DONE_FIELDS = ("number", "label", *INSPECTION_FIELDS)
 REASON = DONE_FIELDS.index("reason")
-IMAGE_COLUMNS = [DONE_FIELDS.index(name) for name in IMAGE_FIELDS]
 REJECT_COLUMNS = [DONE_FIELDS.index(name) for name in REJECTS_FIELDS]
 
 
@@ -115,9 +115,11 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
         with ExitStack() as stack:
             carried = stack.enter_context(RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS))
             todo: RowWriter | None = None
+            labels: dict[str, str] = {}  # class name -> its CSV field
             for number, (values, before) in enumerate(known.all()):
                 if before is not None:  # matched on name, size and stamp: the row as inspection wrote it
-                    carried.write_values((number, values[1], *before))
+                    label = labels.get(values[1]) or labels.setdefault(values[1], csv_field(values[1]))
+                    carried.write_line(f"{number},{label},{before}\n")
                     continue
                 row = dict(zip(DISCOVERED_FIELDS, values, strict=True))
                 size = int(row["num_bytes"])
@@ -199,13 +201,13 @@ def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, A
                 "label": _label(chunks, chunk)}
 
 
-def _numbered(rows: Any) -> Iterator[tuple[int, list[str]]]:
-    """The rows of a DictReader over a ``DONE_FIELDS`` table, as ``(number, values)`` (plain lists: this runs
-    over every file)."""
-    if tuple(rows.fieldnames or ()) != DONE_FIELDS:
-        raise BuildError(f"an inspection table has columns {rows.fieldnames}, expected {DONE_FIELDS}")
-    for values in rows.reader:
-        yield int(values[0]), values
+def _numbered(header: str, texts: Iterator[str]) -> Iterator[tuple[int, str]]:
+    """The rows of a ``DONE_FIELDS`` table (``raw_rows``) as ``(number, text)``: rows are copied on as text,
+    as this runs over every file."""
+    if header != ",".join(DONE_FIELDS):
+        raise BuildError(f"an inspection table has columns {header!r}, expected {','.join(DONE_FIELDS)}")
+    for text in texts:
+        yield int(text[:text.index(",")]), text
 
 
 @summarized
@@ -218,22 +220,25 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         raise BuildError(f"inspection chunk(s) {', '.join(str(c + 1) for c in missing[:10])} of "
                          f"{len(plan['chunks'])} were not inspected")
 
-    def fresh() -> Iterator[tuple[int, list[str]]]:  # the chunks' rows, one file open at a time
+    def fresh() -> Iterator[tuple[int, str]]:  # the chunks' rows, one file open at a time
         for chunk in range(len(plan["chunks"])):
-            with read_rows(storage, staged(cfg, _done(chunk))) as rows:
-                yield from _numbered(rows)
+            with raw_rows(storage, staged(cfg, _done(chunk))) as (header, texts):
+                yield from _numbered(header, texts)
 
     with ExitStack() as stack:
-        carried = stack.enter_context(read_rows(storage, staged(cfg, CARRIED)))
+        carried = _numbered(*stack.enter_context(raw_rows(storage, staged(cfg, CARRIED))))
         good = stack.enter_context(RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS))
         rejects = stack.enter_context(RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS))
         inspection = stack.enter_context(RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS))
-        for _, values in heapq.merge(_numbered(carried), fresh(), key=lambda item: item[0]):
-            if values[REASON]:
+        for _, text in heapq.merge(carried, fresh(), key=lambda item: item[0]):
+            row = text[text.index(",") + 1:]  # label, then INSPECTION_FIELDS: an images.csv row as it is
+            if text.endswith(",,"):  # no reason, no detail: an image
+                good.write_line(row + "\n")
+                inspection.write_line(row[field_end(row) + 1:] + "\n")
+            else:  # a reject: parse it
+                values = next(csv.reader([text]))
                 rejects.write_values([values[i] for i in REJECT_COLUMNS])
-            else:
-                good.write_values([values[i] for i in IMAGE_COLUMNS])
-            inspection.write_values(values[2:])
+                inspection.write_values(values[2:])
     summary = {"inspected": good.count, "rejected": rejects.count, "files_read": plan["files_to_read"],
                "bytes_read": plan["bytes_to_read"], "files_reused": plan["files_reused"],
                "base_version": plan["base_version"], "not_reused_because": plan["not_reused_because"],

@@ -21,26 +21,24 @@ full build (after many deletions), it compacts: it is planned as a full build.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import mmap
 import os
 import tempfile
 from array import array
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import planning
 from ..config import BuildConfig
-from ..documents import csv_writer, read_json, read_rows, write_json
+from ..documents import csv_field, csv_writer, raw_rows, read_json, read_rows, write_json
 from ..errors import BuildError
 from ..imaging import planned_bytes
 from ..incremental import COMPACTION_FACTOR, Base, base_of, missing_base_files, survivors, why_not_reuse_shards
 from ..manifest import record_fields, schema_of
 from ..progress import log, summarized
-from ..storage import Storage, is_s3
+from ..storage import Storage
 from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 
 
@@ -233,10 +231,12 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
     position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard
     position[order] = np.arange(count) - starts[:-1][in_order]
     header = labels_header(cfg)
-    suffixes = [_field(name) for name in files]
+    suffixes = [csv_field(name) for name in files]
     offsets = np.zeros(count + 1, dtype=np.int64)  # row number -> where its line starts in labels.csv
     labels_path = os.path.join(tmp, "labels.csv")
-    with _record_texts(storage, staged(cfg, RECORDS), tmp, header) as texts, open(labels_path, "wb") as out:
+    with raw_rows(storage, staged(cfg, RECORDS)) as (columns, texts), open(labels_path, "wb") as out:
+        if columns + ",shard,shard_position\n" != header:
+            raise BuildError(f"{staged(cfg, RECORDS)} has columns {columns!r}, expected {record_fields(cfg)}")
         out.write(header.encode())
         at = len(header.encode())
         batch: list[bytes] = []
@@ -265,41 +265,6 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
                 continue  # an empty split has no shards; a planned shard always has members
             storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
                                 head + b"".join(lines[offsets[r]:offsets[r + 1]] for r in rows.tolist()))
-
-
-def _field(value: str) -> str:
-    """``value`` as one CSV field."""
-    text = io.StringIO()
-    csv_writer(text).writerow([value])
-    return text.getvalue()[:-1]
-
-
-@contextlib.contextmanager
-def _record_texts(storage: Storage, uri: str, tmp: str, header: str) -> Iterator[Iterator[str]]:
-    """Each row of the CSV table at ``uri`` as its text (without the line end), checked to have ``header``'s
-    columns but the last two (shard, shard_position): a record spans lines while its quotes are open."""
-    path = uri
-    if is_s3(uri):
-        path = os.path.join(tmp, "records.csv")
-        storage.download(uri, path)
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
-        first = f.readline()
-        expected = header.rsplit(",", 2)[0] + "\n"
-        if first.lstrip("\ufeff") != expected:
-            raise BuildError(f"{uri} has columns {first.strip()!r}, expected {expected.strip()!r}")
-
-        def texts() -> Iterator[str]:
-            pending = ""
-            for line in f:
-                pending += line
-                if pending.count('"') % 2:  # a quoted field goes on: \r or \n inside it
-                    continue
-                yield pending[:-1] if pending.endswith("\n") else pending
-                pending = ""
-            if pending:
-                raise BuildError(f"{uri} ends inside a quoted field")
-
-        yield texts()
 
 
 def labels_header(cfg: BuildConfig) -> str:

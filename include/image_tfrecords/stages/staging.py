@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ..config import BuildConfig
 from ..documents import read_json
+from ..incremental import INSPECTION_FIELDS
 from ..layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
 from ..manifest import RecordSchema, schema_of
 from ..storage import Storage, join
@@ -29,8 +30,7 @@ RECORDS = "records.csv"  # labels.csv's rows before plan gives each its shard
 SPLIT_SUMMARY, PLAN = "split.json", "plan.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each
 CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
-IMAGE_FIELDS = ("filename", "label", "sha256", "format", "width", "height", "channels", "num_bytes",
-                "source_format", "transform", "encoded_sha256", "encoded_bytes")
+IMAGE_FIELDS = ("label", *INSPECTION_FIELDS)  # images.csv: an inspected.csv row of an image, with its label
 
 
 def staged(cfg: BuildConfig, *parts: str) -> str:
