@@ -15,16 +15,18 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    image to a split from a salted hash of its content, then writes `labels.csv` and `rejects.csv`;
 4. **plan** decides the shards of each split (from `shard_size_mb`) and their members. Once a
    version is published, builds are **incremental**: the previous version's shards whose records
-   are all unchanged are reused, those that lost or changed records are rewritten from the previous
-   shard, and added or changed images go into new shards (a full rebuild when the `full_rebuild`
+   are all unchanged are reused, those that lost or changed records are spliced from byte ranges of
+   the previous shard (its kept records are copied, not parsed), and added or changed images go into
+   new shards (a full rebuild when the `full_rebuild`
    param is set, when splits, salt, shard size or compression changed, or to compact once there
    would be more than 1.5x the shards of a full build). Unchanged files are not read again:
    **plan_inspection** takes over the previous version's `inspected.csv` rows for them;
 5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
    against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
    shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
-   shard's records are made on all of its worker's cores), and re-reads each from the store to
-   check it (CRCs, schema, each record against its planned row, checksums). The form's *Images and
+   shard's records are made on all of its worker's cores), and re-reads each new one from the store
+   to check it (CRCs, schema, each record against its planned row, checksums); a spliced shard is
+   checked while it is made (the previous shard's SHA-256 and framing, its new records in full). The form's *Images and
    features* params change what a record stores: `resize` (with `fit`, `upscale`), `encoding`
    (`original`, `jpeg` at `jpeg_quality`, `png`, `raw` pixels), `channels`, labels.csv `columns` as
    typed features, and the `label_separator` of a multi-label `labels` column; each changed image is

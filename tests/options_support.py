@@ -245,7 +245,7 @@ def read_back(version: Path) -> tuple[dict, dict[str, dict[str, Any]], dict[str,
                 assert keys == set(spec), f"{shard['file']}: record keys {sorted(keys)} != manifest {sorted(spec)}"
                 example = tf.io.parse_single_example(raw, spec)
                 record = {k: _value(v) for k, v in example.items()}
-                record["split"], record["shard"] = split, shard["file"]
+                record["split"], record["shard"], record["place"] = split, shard["file"], count
                 filename = record["image/filename"].decode()
                 assert filename not in records, filename
                 records[filename] = record
@@ -256,7 +256,8 @@ def read_back(version: Path) -> tuple[dict, dict[str, dict[str, Any]], dict[str,
     header, rows = read_csv(version / "labels.csv")
     labels = {r["filename"]: r for r in rows}
     assert set(labels) == set(records)
-    assert header[-1] == "shard"
+    assert header[-2:] == ["shard", "shard_position"]
+    assert all(int(labels[name]["shard_position"]) == record["place"] for name, record in records.items())
     for filename, record in records.items():
         shape = pixels(record).shape
         assert shape == (record["image/height"], record["image/width"], record["image/channels"]), filename

@@ -45,8 +45,8 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
                                                              "validate", "publish"}
     text = out.read_text()
     for label in ("(a) seed-style, 1 process", "(b) seed-style, 2 threads", "(c) cp -r", "--workers 2",
-                  "airflow dags test", "## Targets (issues 5 and 13 and 12)", "## Scale: 60 images",
-                  "## Scaling over cores: 200 images", "## Incremental nights (issue 12)",
+                  "airflow dags test", "## Targets (issues 5 and 13 and 22)", "## Scale: 60 images",
+                  "## Scaling over cores: 200 images", "## Incremental nights (issues 12 and 22)",
                   "### 5 nights at 300 images", "\n## Image options\n"):
         assert label in text
     assert "Compaction on night" in text or "No compaction in 5 nights: " in text
@@ -69,6 +69,11 @@ def check_incremental(data: dict[str, Any], text: str) -> None:
     assert inc["build"]["files_inspected"] == 3 + 1 and inc["build"]["inspections_reused"] == run["images"] - 2
     assert inc["build"]["shards_reused"] >= 1 and inc["build"]["shards_rewritten"] + inc["build"]["shards_written"] >= 1
     assert full["build"]["mode"] == "full" and full["build"]["shards_reused"] == full["build"]["shards_rewritten"] == 0
+    # issue 22: only the new records are parsed; a rewritten shard is spliced (its kept bytes copied)
+    assert inc["build"]["records_parsed"] == 3 + 1 and full["build"]["records_parsed"] == run["records"]
+    assert inc["build"]["shards_spliced"] == inc["build"]["shards_rewritten"]
+    assert inc["build"]["bytes_copied"] > 0 and full["build"]["bytes_copied"] == 0
+    assert set(inc["stages"]) >= {"discover", "inspect", "split", "plan", "write", "validate", "card", "publish"}
     assert 0 < inc["build"]["source_bytes_read"] <= 2 * night["new_bytes"] < full["build"]["source_bytes_read"] / 10
     assert inc["written"]["linked"] > 0 and full["written"]["linked"] == 0
     assert 0 < inc["written"]["shards"] < full["written"]["shards"] and inc["written"]["other"] > 0

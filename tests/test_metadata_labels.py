@@ -79,7 +79,7 @@ def test_metadata_columns_round_trip(tmp_path: Path) -> None:
         assert float(row["weight"]) == pytest.approx(float(weight)) and int(row["count"]) == int(count)
 
     header, _ = read_csv(version / "labels.csv")  # metadata after the record's fields, before shard
-    assert header == [*RECORD_FIELDS, "caption", "weight", "count", "tags", "shard"]
+    assert header == [*RECORD_FIELDS, "caption", "weight", "count", "tags", "shard", "shard_position"]
 
     bad = rejects(version)
     assert set(bad) == set(BAD)
