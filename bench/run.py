@@ -923,7 +923,7 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
             lambda r: f"{r['additions_only']['incremental']['seconds']:.2f} / "
                       f"{r['additions_only']['full']['seconds']:.2f} (**{r['additions_only']['speedup']:.1f}x**)"
             if "additions_only" in r else "not run"),
-        row("additions-only night: shards reused / rewritten / written",
+        row("additions-only night: shards reused / spliced / rewritten record by record / written",
             lambda r: shards(r["additions_only"]["incremental"]) if "additions_only" in r else "not run"),
         "",
         "MB read from the source: the manifest's `build.source_bytes_read` (inspection's reads plus the "
