@@ -224,7 +224,8 @@ def test_a_damaged_manifest_never_stops_a_full_build(tmp_path: Path, capsys: pyt
 
 
 # -- 3, 4. a base that lost its labels.csv, inspected.csv or a shard --------------------------------------
-@pytest.mark.parametrize("lost", ["labels.csv", "inspected.csv", "a rewritten shard", "a reused shard's index"])
+@pytest.mark.parametrize("lost", ["labels.csv", "inspected.csv", "a rewritten shard", "a reused shard's index",
+                                  "an edited labels.csv"])
 def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tuple[Storage, str, str | None],  # noqa: F811
                                                            tmp_path: Path) -> None:
     """Incremental builds on a base that lost a file fall back (to a full build, or to reading every file
@@ -239,6 +240,11 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
     source.delete(victim)
     if lost == "labels.csv" or lost == "inspected.csv":
         storage.delete(join(v1, lost))
+    elif lost == "an edited labels.csv":  # one record's place moved: splicing must not trust it
+        text = storage.read_text(join(v1, "labels.csv")).splitlines(keepends=True)
+        row = next(i for i, line in enumerate(text) if line.rstrip("\n").endswith(",1"))
+        text[row] = text[row].rstrip("\n")[:-1] + "2\n"
+        storage.write_bytes(join(v1, "labels.csv"), "".join(text).encode())
     elif lost == "a rewritten shard":
         storage.delete(join(v1, labels[victim]["shard"]))
     else:
@@ -251,6 +257,8 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
         assert v2.build["mode"] == "incremental"
         assert v2.build["inspections_reused"] == 0 and v2.build["files_inspected"] == len(source.files())
         assert v2.build["inspections_not_reused_because"] == "version v1 is damaged: its inspected.csv is missing"
+    elif lost == "an edited labels.csv":
+        assert v2.build["full_because"] == "version v1 is damaged: its labels.csv is not the one it published"
     else:
         assert v2.build["mode"] == "full"
         assert v2.build["full_because"].startswith("version v1 is damaged: ")

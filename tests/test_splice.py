@@ -152,3 +152,26 @@ def test_odd_file_names_survive_nights_of_rows_copied_as_text(tmp_path: Path) ->
         full = tmp_path / f"full{number}"
         build(storage, source.uri, str(full), "d", f"v{number + 2}", full=True)
         assert version.rows == read(storage, join(str(full), "d", f"v{number + 2}")).rows
+
+
+def test_without_copy_file_range_the_bytes_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system or kernel that cannot copy_file_range (another device, a FUSE mount): the kept
+    bytes are written from the mapped base instead, to the same shard."""
+    import errno
+    import os
+
+    storage, _, cfg = night(tmp_path)
+    rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
+    shard, origin = sorted(rewrites.items())[0]
+    shard_uri = staged(cfg, SHARDS, shard)
+    splice_shard(cfg, storage, shard, origin, read_workers=1)
+    want = Path(shard_uri).read_bytes()
+    storage.delete(staged(cfg, RECEIPTS, shard + ".json"))
+    storage.delete(shard_uri)
+
+    def refuse(*_: object) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    checked = splice_shard(cfg, storage, shard, origin, read_workers=1)
+    assert Path(shard_uri).read_bytes() == want and "fallback" not in checked

@@ -119,9 +119,18 @@ def missing_base_files(storage: Storage, base: Base) -> str:
                                 for name in (shard["file"], layout.index_file(shard["file"]))]
     missing = [name for name in needed if name not in files]
     if not missing:
-        return ""
+        return "" if labels_as_published(storage, base) else \
+            f"version {base.version} is damaged: its {layout.LABELS} is not the one it published"
     more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
     return f"version {base.version} is damaged: {missing[0]}{more} is missing"
+
+
+def labels_as_published(storage: Storage, base: Base) -> bool:
+    """Whether the base's labels.csv hashes to the SHA-256 its manifest gives (True for a manifest from
+    before 0.5.0, which gives none): the places of its records, which splicing trusts, are then the
+    published ones."""
+    want = base.manifest.get("labels_sha256")
+    return not want or storage.sha256_of(join(base.uri, layout.LABELS)) == want
 
 
 def _digest(text: str) -> bytes:
@@ -142,7 +151,7 @@ class _Spill:
 
     def add(self, text: str) -> int:
         data = text.encode("utf-8", "surrogateescape")
-        where = self._size << 24 | len(data)  # offset and length in one int (a row is below 16 MB)
+        where = self._size << 32 | len(data)  # offset and length in one (unbounded) int
         self._file.write(data)
         self._size += len(data)
         return where
@@ -154,7 +163,7 @@ class _Spill:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def get(self, where: int) -> str:
-        offset, length = where >> 24, where & 0xFFFFFF
+        offset, length = where >> 32, where & 0xFFFFFFFF
         assert self._map is not None
         return self._map[offset:offset + length].decode("utf-8", "surrogateescape")
 

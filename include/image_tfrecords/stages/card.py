@@ -69,6 +69,9 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
         manifest = layout.read_manifest(storage, earlier)
         if not storage.exists(join(earlier, layout.LABELS)):
             raise FileNotFoundError(join(earlier, layout.LABELS))
+        if manifest.get("labels_sha256") and \
+                storage.sha256_of(join(earlier, layout.LABELS)) != manifest["labels_sha256"]:
+            raise DamagedFile(f"{join(earlier, layout.LABELS)} is not the one version {version} published")
     except (FileNotFoundError, DamagedFile) as exc:
         log.warning("the card has no changes since version %s: %s", version,
                     f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)

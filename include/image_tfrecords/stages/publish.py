@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from typing import Any
 
@@ -81,10 +80,15 @@ def _remove_strays(storage: Storage, final: str, names: set[str]) -> None:
     earlier attempt at this version (another shard count), its half-made temporaries, copies it had in
     flight when it was killed. A reader that globs ``train-*.tfrecord`` then reads the manifest's shards."""
     strays = [info.key for info in storage.iter_files(final, everything=True)
-              if info.kind != "folder_marker" and info.key not in names]
+              if info.kind not in ("folder_marker", "folder") and not info.key.endswith("/")
+              and info.key not in names]
     for key in strays:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             storage.delete(join(final, key))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a folder, a file we may not remove: say so, never fail the publish on it
+            log.warning("publish: cannot remove %s from %s (%s)", key, final, exc)
     if strays:
         log.info("publish: removed %d file(s) an earlier attempt at this version left in %s (%s%s)", len(strays),
                  final, ", ".join(strays[:3]), ", ..." if len(strays) > 3 else "")

@@ -26,6 +26,7 @@ shards (one compressed stream, no record boundaries) take the record-by-record p
 from __future__ import annotations
 
 import hashlib
+import itertools
 import mmap
 import os
 import tempfile
@@ -115,6 +116,9 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
     if origin.get("index_sha256") and hashlib.sha256(index_data).hexdigest() != origin["index_sha256"]:
         raise DamagedBase("its .tfindex is not the one its version published")
     entries = _index(index_data, origin["num_records"])
+    if any(not 0 <= start < stop <= len(entries) for start, stop in runs) or \
+            any(a[1] > b[0] for a, b in itertools.pairwise(runs)):
+        raise DamagedBase("the places its labels.csv gives are not records of it")
     schema = staged_schema(cfg, storage)
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
@@ -142,7 +146,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             for start, stop in runs:
                 first, last = entries[start][0], entries[stop - 1][0] + entries[stop - 1][1]
                 new_digest.update(view[first:last])
-                _copy_range(base.fileno(), out.fileno(), first, last - first, written)
+                _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
                 offsets += [(written + a - first, b) for a, b in entries[start:stop]]
                 written += last - first
         finally:
@@ -172,13 +176,20 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
     return _checked(cfg, storage, shard, receipt, members, members_sha)
 
 
-def _copy_range(source: int, target: int, offset: int, count: int, at: int) -> None:
-    """Copy ``count`` bytes at ``offset`` of ``source`` to ``at`` in ``target`` in the kernel."""
-    while count:
-        done = os.copy_file_range(source, target, count, offset, at)
-        if done <= 0:
-            raise OSError(f"copy_file_range copied nothing at byte {offset}")
-        offset, at, count = offset + done, at + done, count - done
+def _copy_range(source: int, target: int, offset: int, count: int, at: int, view: memoryview) -> None:
+    """Copy ``count`` bytes at ``offset`` of ``source`` to ``at`` in ``target`` in the kernel; where the
+    kernel or the file system cannot (no ``copy_file_range``, another device, a FUSE or network mount),
+    write them from ``view``, the source's mapped bytes."""
+    try:
+        while count:
+            done = os.copy_file_range(source, target, count, offset, at)
+            if done <= 0:
+                break
+            offset, at, count = offset + done, at + done, count - done
+    except (AttributeError, OSError):
+        pass
+    if count:
+        os.pwrite(target, view[offset:offset + count], at)
 
 
 def _append(cfg: BuildConfig, storage: Storage, schema: Any, shard: str, out: Any, digest: Any,

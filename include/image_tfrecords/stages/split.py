@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -153,7 +154,7 @@ def _classes_of_damaged(cfg: BuildConfig, storage: Storage, version: str, known:
                 for name, number in pairs:
                     if number.isdigit() and int(number) >= len(known):
                         added.setdefault(int(number), name)
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+    except (FileNotFoundError, ValueError, UnicodeDecodeError, csv.Error):
         return known
     if sorted(added) != list(range(len(known), len(known) + len(added))) or set(added.values()) & set(known):
         return known  # not ids that extend ``known``: keep nothing of them

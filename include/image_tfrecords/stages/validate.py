@@ -339,6 +339,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "compression": cfg.compression, "features": staged_schema(cfg, storage).features(), "splits": splits,
         "image": cfg.image_options.describe(), "multi_label": bool(summary.get("multi_label")),
         "label_separator": cfg.label_separator, "columns": dict(cfg.columns),
+        "labels_sha256": storage.sha256_of(staged(cfg, LABELS)),  # the next night trusts its places only so
         "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked,
                               read_json(storage, staged(cfg, DISCOVER_SUMMARY)).get("damaged_versions", [])),
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
