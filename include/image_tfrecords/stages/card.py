@@ -65,19 +65,19 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
     if not version:
         return None
     earlier = join(cfg.dataset_uri, version)
+    labels = join(earlier, layout.LABELS)
     try:
         manifest = layout.read_manifest(storage, earlier)
-        if not storage.exists(join(earlier, layout.LABELS)):
-            raise FileNotFoundError(join(earlier, layout.LABELS))
-        if manifest.get("labels_sha256") and \
-                storage.sha256_of(join(earlier, layout.LABELS)) != manifest["labels_sha256"]:
-            raise DamagedFile(f"{join(earlier, layout.LABELS)} is not the one version {version} published")
+        if not storage.exists(labels):
+            raise FileNotFoundError(labels)
+        labels_sha = storage.sha256_of(labels) or ""  # "": a store that keeps no checksum for it
+        if manifest.get("labels_sha256") and labels_sha and labels_sha != manifest["labels_sha256"]:
+            raise DamagedFile(f"{labels} is not the one version {version} published")
     except (FileNotFoundError, DamagedFile) as exc:
         log.warning("the card has no changes since version %s: %s", version,
                     f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)
         return None
     scan = None  # the scan its card saved, when it is of its labels.csv as it is now
     with contextlib.suppress(FileNotFoundError):
-        scan = LabelScan.load(storage.read_bytes(join(earlier, SCAN_FILE)),
-                              storage.sha256_of(join(earlier, layout.LABELS)) or "")
-    return PreviousVersion(manifest, _rows(storage, join(earlier, layout.LABELS)), scan)
+        scan = LabelScan.load(storage.read_bytes(join(earlier, SCAN_FILE)), labels_sha)
+    return PreviousVersion(manifest, _rows(storage, labels), scan)
