@@ -37,6 +37,11 @@ def frame(data: bytes) -> bytes:
     return b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
 
 
+def index_text(offsets: list[tuple[int, int]]) -> bytes:
+    """A ``.tfindex``: one ``start length`` line per record (``tfrecord.tools.tfrecord2idx``'s format)."""
+    return "".join(f"{start} {length}\n" for start, length in offsets).encode()
+
+
 class TFRecordWriter:
     """Write records to a binary file object, optionally GZIP-compressed (deterministically).
 
@@ -65,8 +70,8 @@ class TFRecordWriter:
         self.num_records += 1
 
     def index(self) -> bytes:
-        """The ``.tfindex`` text: one ``start length`` line per record (``tfrecord.tools.tfrecord2idx``'s format)."""
-        return "".join(f"{start} {length}\n" for start, length in self.offsets).encode()
+        """The ``.tfindex`` of the records written so far (see ``index_text``)."""
+        return index_text(self.offsets)
 
     def close(self) -> None:
         if self._gzip is not None:

@@ -37,7 +37,7 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
             raise BuildError(f"version {cfg.version} is already published at {final} with different "
                              "content; published versions are immutable, so pick another version")
         manifest = read_json(storage, staged_manifest)
-        _remove_strays(storage, final, _published_names(cfg, storage, manifest))
+        _remove_strays(storage, final, _published_names(final, _copies(cfg, storage, manifest), manifest))
         return _finish(cfg, storage, manifest, already=True)
     manifest = read_json(storage, staged_manifest)
     copies = _copies(cfg, storage, manifest)
@@ -47,7 +47,7 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
     for name, data in sorted(tfds_metadata_files(manifest).items()):
         storage.write_bytes(join(final, name), data)
     storage.copy(staged_manifest, join(final, layout.MANIFEST))
-    _remove_strays(storage, final, _published_names(cfg, storage, manifest))
+    _remove_strays(storage, final, _published_names(final, copies, manifest))
     manifest_sha = hashlib.sha256(storage.read_bytes(join(final, layout.MANIFEST))).hexdigest()
     storage.write_bytes(join(final, layout.SUCCESS), (manifest_sha + "\n").encode())
     return _finish(cfg, storage, manifest, already=False)
@@ -68,10 +68,11 @@ def _copies(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any]) -> lis
     return copies
 
 
-def _published_names(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any]) -> set[str]:
-    """Every file of the published version, relative to its folder (``_SUCCESS`` included)."""
-    prefix = cfg.version_uri + "/"
-    return ({published[len(prefix):] for _, published, _ in _copies(cfg, storage, manifest)}
+def _published_names(final: str, copies: list[tuple[str, str, str | None]], manifest: dict[str, Any]) -> set[str]:
+    """Every file of the published version at ``final`` (its ``copies``, TFDS's metadata, the manifest and
+    ``_SUCCESS``), relative to its folder."""
+    prefix = final + "/"
+    return ({published[len(prefix):] for _, published, _ in copies}
             | set(tfds_metadata_files(manifest)) | {layout.MANIFEST, layout.SUCCESS})
 
 

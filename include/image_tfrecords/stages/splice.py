@@ -42,9 +42,9 @@ from ..errors import BuildError
 from ..progress import log
 from ..storage import Storage, is_s3, join
 from ..tfrecord import TFRecordWriter, masked_crc
-from .staging import CHECKED, MEMBERS, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
+from .staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from .validate import _match, _set_digest, member_rows, record_facts
-from .write import _already_written, _from_source, made_with, write_shard
+from .write import _already_written, _from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
 
@@ -123,11 +123,11 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
                                                               prefix=TMP_PREFIX))
-        path = os.path.join(tmp, shard)
+        path, base_path = os.path.join(tmp, shard), old
         if is_s3(old):  # read once, to a local file: the kernel copies its ranges, the store checks the upload
-            local = os.path.join(tmp, "base-" + origin["file"])
-            storage.download(old, local)
-        base = stack.enter_context(open(local if is_s3(old) else old, "rb"))
+            base_path = os.path.join(tmp, "base-" + origin["file"])
+            storage.download(old, base_path)
+        base = stack.enter_context(open(base_path, "rb"))
         size = os.fstat(base.fileno()).st_size
         if size != origin["num_bytes"] or (entries and entries[-1][0] + entries[-1][1] != size):
             raise DamagedBase(f"it holds {size} bytes, its version published {origin['num_bytes']}")
@@ -163,16 +163,11 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         out.flush()
         os.fsync(out.fileno())
         out.close()
-        index = "".join(f"{a} {b}\n" for a, b in offsets).encode()
-        receipt = {"file": shard, "num_records": len(offsets), "num_bytes": written,
-                   "sha256": new_digest.hexdigest(), "members_sha256": members_sha, "made_with": made_with(cfg),
-                   "index_sha256": hashlib.sha256(index).hexdigest(), "source_bytes": appended["source_bytes"],
-                   "rewritten_from": {"version": origin["version"], "file": origin["file"]}, "spliced": True,
-                   "base_bytes_read": size, "bytes_copied": copied, "bytes_written": written - copied,
-                   "records_parsed": len(members) - kept}
-        storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
-        storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
-        write_json(storage, staged(cfg, RECEIPTS, shard + ".json"), receipt)
+        receipt = stage_shard(cfg, storage, shard, path, offsets, written, new_digest.hexdigest(), members_sha,
+                              source_bytes=appended["source_bytes"],
+                              rewritten_from={"version": origin["version"], "file": origin["file"]}, spliced=True,
+                              base_bytes_read=size, bytes_copied=copied, bytes_written=written - copied,
+                              records_parsed=len(members) - kept)
     return _checked(cfg, storage, shard, receipt, members, members_sha)
 
 

@@ -30,7 +30,7 @@ from ..probe import RejectedImage
 from ..progress import ProgressLog
 from ..reading import read_source
 from ..storage import HashingReader, HashingWriter, Storage, join
-from ..tfrecord import CorruptRecordError, TFRecordWriter, read_records
+from ..tfrecord import CorruptRecordError, TFRecordWriter, index_text, read_records
 from .staging import CARRIED, MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from .validate import member_rows, validate_shard
 
@@ -97,9 +97,17 @@ def made_with(cfg: BuildConfig) -> dict[str, Any]:
 def _stage(cfg: BuildConfig, storage: Storage, shard: str, path: str, writer: TFRecordWriter, raw: HashingWriter,
            members_sha: str, **extra: Any) -> dict[str, Any]:
     """Stage a written shard, its ``.tfindex`` and its receipt."""
-    index = writer.index()
-    receipt = {"file": shard, "num_records": writer.num_records, "num_bytes": raw.num_bytes,
-               "sha256": raw.sha256.hexdigest(), "members_sha256": members_sha, "made_with": made_with(cfg),
+    return stage_shard(cfg, storage, shard, path, writer.offsets, raw.num_bytes, raw.sha256.hexdigest(), members_sha,
+                       **extra)
+
+
+def stage_shard(cfg: BuildConfig, storage: Storage, shard: str, path: str, offsets: list[tuple[int, int]],
+                num_bytes: int, sha256: str, members_sha: str, **extra: Any) -> dict[str, Any]:
+    """Stage the shard file at ``path`` (records at ``offsets``, ``num_bytes`` hashing to ``sha256``), its
+    ``.tfindex`` and its receipt; returns the receipt."""
+    index = index_text(offsets)
+    receipt = {"file": shard, "num_records": len(offsets), "num_bytes": num_bytes, "sha256": sha256,
+               "members_sha256": members_sha, "made_with": made_with(cfg),
                "index_sha256": hashlib.sha256(index).hexdigest(), **extra}
     storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
     storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
