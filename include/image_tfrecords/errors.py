@@ -30,6 +30,10 @@ class StorageError(ImageTfrecordsError):
     """A store operation failed for a reason retrying will not fix (missing bucket, credentials)."""
 
 
+class SourceChanged(StorageError):
+    """An object a server-side copy was to take bytes from is no longer the version that was read."""
+
+
 class StoreBusy(ImageTfrecordsError):
     """A store object kept changing under us (e.g. ``latest.json`` contended); a retry may pass."""
 

@@ -16,8 +16,11 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
 A base shard that is missing or damaged (digest, index, framing) never propagates: the shard is
 written from the source instead (``write_shard``), and its receipt says why (``fallback``).
 
-On S3 the base shard is read once into a local file and the spliced shard is uploaded whole (a PUT
-whose SHA-256 the store verifies): its bytes pass through the worker, but no record is parsed. Gzip
+On S3 the base shard is read once (into a local file, to hash it and check its framing), and the
+spliced shard is a multipart upload: kept runs of at least 5 MiB are copied by the store
+(``UploadPartCopy`` of that byte range of the base object, only while it is still the version that
+was read), the rest (short runs, the new records) is uploaded; the whole shard's SHA-256 goes into
+the object's metadata (``S3Store.compose``). Gzip
 shards (one compressed stream, no record boundaries) take the record-by-record path,
 ``rewrite_shard``, which stays the reference that splicing must match byte for byte
 (tests/test_splice.py).
@@ -38,9 +41,10 @@ from typing import Any
 from .. import layout
 from ..config import BuildConfig
 from ..documents import write_json
-from ..errors import BuildError
+from ..errors import BuildError, SourceChanged
 from ..progress import log
 from ..storage import Storage, is_s3, join
+from ..storage.multipart import Reader, Segment
 from ..tfrecord import TFRecordWriter, masked_crc
 from .staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from .validate import _match, _set_digest, member_rows, record_facts
@@ -101,8 +105,9 @@ def splice_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[st
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
     try:
         return _splice(cfg, storage, shard, origin, old, members, members_sha, progress, read_workers, processes)
-    except (DamagedBase, FileNotFoundError) as exc:
-        why = f"{old} is missing" if isinstance(exc, FileNotFoundError) else f"{old} is damaged: {exc}"
+    except (DamagedBase, FileNotFoundError, SourceChanged) as exc:
+        why = f"{old} is missing" if isinstance(exc, FileNotFoundError) else \
+            f"{old} changed while it was spliced" if isinstance(exc, SourceChanged) else f"{old} is damaged: {exc}"
         log.warning("%s: shard %s is written from the source instead", why, shard)
         receipt = write_shard(cfg, storage, shard, progress, read_workers, processes, fallback=why)
         return {**receipt, "fallback": why}
@@ -123,10 +128,10 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
                                                               prefix=TMP_PREFIX))
-        path, base_path = os.path.join(tmp, shard), old
-        if is_s3(old):  # read once, to a local file: the kernel copies its ranges, the store checks the upload
+        path, base_path, remote, base_tag = os.path.join(tmp, shard), old, is_s3(old), None
+        if remote:  # read once, to a local file: hashed and checked here, its long runs copied by the store
             base_path = os.path.join(tmp, "base-" + origin["file"])
-            storage.download(old, base_path)
+            base_tag = storage.download(old, base_path)
         base = stack.enter_context(open(base_path, "rb"))
         size = os.fstat(base.fileno()).st_size
         if size != origin["num_bytes"] or (entries and entries[-1][0] + entries[-1][1] != size):
@@ -141,34 +146,59 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             _check_framing(view, entries, runs)
             new_digest = hashlib.sha256()
             offsets: list[tuple[int, int]] = []
-            out = stack.enter_context(open(path, "wb"))
+            out = stack.enter_context(open(path, "w+b"))
             written = 0
+            segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
                 first, last = entries[start][0], entries[stop - 1][0] + entries[stop - 1][1]
                 new_digest.update(view[first:last])
-                _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
+                if remote:
+                    segments.append(Segment(last - first, _reader(base.fileno(), first), old, first))
+                else:
+                    _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
                 offsets += [(written + a - first, b) for a, b in entries[start:stop]]
                 written += last - first
         finally:
             hashing.join()
         if base_digest.hexdigest() != origin["sha256"]:
             raise DamagedBase("it does not hash to the sha256 its version's manifest gives")
-        copied = written
+        kept_bytes = written
         progress(kept)
-        out.seek(written)
+        out.seek(0 if remote else written)  # on S3 the local file holds only the new records
         appended = _append(cfg, storage, schema, shard, out, new_digest, members[kept:], kept, read_workers,
                            processes, progress)
         written += appended["bytes"]
-        offsets += [(copied + a, b) for a, b in appended["offsets"]]
+        offsets += [(kept_bytes + a, b) for a, b in appended["offsets"]]
         out.flush()
-        os.fsync(out.fileno())
+        digest, copied = new_digest.hexdigest(), kept_bytes
+        if remote:
+            segments.append(Segment(appended["bytes"], _reader(out.fileno(), 0)))
+            copied = storage.compose(staged(cfg, SHARDS, shard), segments, digest,
+                                     {old: base_tag} if base_tag else None)
+        else:
+            os.fsync(out.fileno())
         out.close()
-        receipt = stage_shard(cfg, storage, shard, path, offsets, written, new_digest.hexdigest(), members_sha,
+        receipt = stage_shard(cfg, storage, shard, None if remote else path, offsets, written, digest, members_sha,
                               source_bytes=appended["source_bytes"],
                               rewritten_from={"version": origin["version"], "file": origin["file"]}, spliced=True,
                               base_bytes_read=size, bytes_copied=copied, bytes_written=written - copied,
                               records_parsed=len(members) - kept)
     return _checked(cfg, storage, shard, receipt, members, members_sha)
+
+
+def _reader(fd: int, at: int) -> Reader:
+    """Reads of the bytes of the open file ``fd`` from ``at`` on (a segment's ``read``)."""
+
+    def read(start: int, count: int) -> bytes:
+        chunks, offset = [], at + start
+        while count > 0 and (chunk := os.pread(fd, count, offset)):
+            chunks.append(chunk)
+            offset, count = offset + len(chunk), count - len(chunk)
+        if count > 0:
+            raise DamagedBase(f"a local copy ended {count} bytes early")
+        return b"".join(chunks)
+
+    return read
 
 
 def _copy_range(source: int, target: int, offset: int, count: int, at: int, view: memoryview) -> None:

@@ -101,16 +101,17 @@ def _stage(cfg: BuildConfig, storage: Storage, shard: str, path: str, writer: TF
                        **extra)
 
 
-def stage_shard(cfg: BuildConfig, storage: Storage, shard: str, path: str, offsets: list[tuple[int, int]],
+def stage_shard(cfg: BuildConfig, storage: Storage, shard: str, path: str | None, offsets: list[tuple[int, int]],
                 num_bytes: int, sha256: str, members_sha: str, **extra: Any) -> dict[str, Any]:
-    """Stage the shard file at ``path`` (records at ``offsets``, ``num_bytes`` hashing to ``sha256``), its
-    ``.tfindex`` and its receipt; returns the receipt."""
+    """Stage the shard file at ``path`` (records at ``offsets``, ``num_bytes`` hashing to ``sha256``; None:
+    the shard is staged already), its ``.tfindex`` and its receipt (last); returns the receipt."""
     index = index_text(offsets)
     receipt = {"file": shard, "num_records": len(offsets), "num_bytes": num_bytes, "sha256": sha256,
                "members_sha256": members_sha, "made_with": made_with(cfg),
                "index_sha256": hashlib.sha256(index).hexdigest(), **extra}
     storage.write_bytes(staged(cfg, SHARDS, layout.index_file(shard)), index)
-    storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
+    if path is not None:
+        storage.upload(path, staged(cfg, SHARDS, shard), receipt["sha256"])
     write_json(storage, staged(cfg, RECEIPTS, shard + ".json"), receipt)
     return receipt
 

@@ -24,6 +24,7 @@ from .base import (
 from .deadlines import DEADLINE_ENV, MIN_RATE_ENV, TIMEOUT_ENV, DeadlineBody, deadline_seconds
 from .facade import Storage
 from .local import LocalStore
+from .multipart import Segment
 from .s3 import ClientFactory, S3Store, default_s3_client
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "HashingWriter",
     "LocalStore",
     "S3Store",
+    "Segment",
     "Storage",
     "StorageError",
     "Store",

@@ -175,8 +175,9 @@ class Store(ABC):
             return f.read()
 
     @abstractmethod
-    def download(self, uri: str, path: str) -> None:
-        """Copy ``uri`` to the local file ``path`` (streamed)."""
+    def download(self, uri: str, path: str) -> str | None:
+        """Copy ``uri`` to the local file ``path`` (streamed); a tag of the copied version where the store
+        has one (S3: its ETag), else None."""
 
     @abstractmethod
     def sha256_of(self, uri: str) -> str | None:

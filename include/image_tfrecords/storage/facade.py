@@ -13,6 +13,7 @@ from typing import Any, BinaryIO
 from ..errors import StorageError
 from .base import FileInfo, Store, is_s3, sha256_file
 from .local import LocalStore
+from .multipart import Segment
 from .s3 import ClientFactory, S3Store, default_s3_client
 
 
@@ -87,9 +88,17 @@ class Storage:
         if it does not exist."""
         return self._store_for(uri).open_read(uri)
 
-    def download(self, uri: str, path: str) -> None:
-        """Copy ``uri`` to the local file ``path`` (streamed)."""
-        self._store_for(uri).download(uri, path)
+    def download(self, uri: str, path: str) -> str | None:
+        """Copy ``uri`` to the local file ``path`` (streamed); the copied object's ETag on S3, else None."""
+        return self._store_for(uri).download(uri, path)
+
+    def compose(self, dst: str, segments: list[Segment], sha256: str, if_match: dict[str, str] | None = None
+                ) -> int:
+        """Write the S3 object ``dst`` from ``segments``, copying large ranges of other objects server-side
+        (``S3Store.compose``); the bytes the store copied."""
+        if not is_s3(dst):
+            raise StorageError(f"compose writes S3 objects, not {dst}")
+        return self._s3.compose(dst, segments, sha256, if_match)
 
     def sha256_of(self, uri: str) -> str | None:
         """The SHA-256 the store holds for an S3 object, or that a local file hashes to."""

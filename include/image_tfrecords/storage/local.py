@@ -62,8 +62,9 @@ class LocalStore(Store):
         with open(uri, "rb") as f:
             yield f
 
-    def download(self, uri: str, path: str) -> None:
+    def download(self, uri: str, path: str) -> str | None:
         shutil.copyfile(uri, path)
+        return None
 
     def sha256_of(self, uri: str) -> str | None:
         """What the file hashes to; None if there is no such file."""

@@ -2,7 +2,10 @@
 
 The factory decides where credentials come from: the Airflow connection inside Airflow, boto3's
 standard environment on the command line (``default_s3_client``). Every write is a single PUT that
-carries a SHA-256 the server verifies (a mismatch is rejected, never stored). Every call has a
+carries a SHA-256 the server verifies (a mismatch is rejected, never stored), except ``compose``: a
+multipart upload whose parts the server verifies, copied from other objects where it can, which
+records the whole object's SHA-256 in its metadata (S3 keeps only a checksum of the parts' checksums
+for multipart objects; ``sha256_of`` reads the metadata then). Every call has a
 deadline and its failures become one line naming endpoint and bucket (see ``deadlines``).
 ``IMAGE_TFRECORDS_S3_TIMEOUT_SECONDS`` (default 60) is the read timeout of the command line's client
 (connect: the lesser of it and 10 s; 5 attempts at most).
@@ -12,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
-from ..errors import StorageError
+from ..errors import SourceChanged, StorageError
 from .base import FileInfo, Store, from_s3_checksum, join, sha256_bytes, split_s3, to_s3_checksum
 from .deadlines import (
     BODY_CHUNK,
@@ -29,6 +33,7 @@ from .deadlines import (
     translate,
     within,
 )
+from .multipart import MAX_PARTS, Part, Segment, copied_bytes, plan_parts
 
 ClientFactory = Callable[[], Any]
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
@@ -169,7 +174,7 @@ class S3Store(Store):
         finally:
             body.close()
 
-    def download(self, uri: str, path: str) -> None:
+    def download(self, uri: str, path: str) -> str | None:
         obj = self._get(uri)
         if obj is None:
             raise FileNotFoundError(uri)
@@ -177,10 +182,11 @@ class S3Store(Store):
         with open(path, "wb") as f:
             while chunk := body.read(BODY_CHUNK):
                 f.write(chunk)
+        return obj.get("ETag")
 
     def sha256_of(self, uri: str) -> str | None:
-        """The SHA-256 S3 holds for the object (None if there is no such object, or for a multipart object or
-        one stored without)."""
+        """The SHA-256 S3 holds for the object; for a multipart object (``compose``), the one its metadata
+        records. None if there is no such object, or it was stored without either."""
         from botocore.exceptions import ClientError
 
         bucket, key = split_s3(uri)
@@ -190,7 +196,7 @@ class S3Store(Store):
             if is_missing(exc):
                 return None
             raise
-        return from_s3_checksum(head.get("ChecksumSHA256"))
+        return from_s3_checksum(head.get("ChecksumSHA256")) or _metadata_sha256(head)
 
     def read_with_tag(self, uri: str) -> tuple[bytes | None, str | None]:
         """Content and ETag; (None, None) if absent."""
@@ -236,6 +242,61 @@ class S3Store(Store):
         if held != sha256:
             raise StorageError(f"copy of {src} to {dst} has sha256 {held}, expected {sha256}")
 
+    def compose(self, dst: str, segments: list[Segment], sha256: str, if_match: dict[str, str] | None = None
+                ) -> int:
+        """Write the object ``dst`` as ``segments`` in order (``multipart.plan_parts``): byte ranges of other
+        objects large enough are copied by the store (``UploadPartCopy``, each source only while its ETag is
+        still ``if_match[source]``), the rest is uploaded; the whole object's SHA-256, ``sha256``, goes into
+        its metadata. Nothing is visible at ``dst`` until the upload completes; a failed one is aborted.
+        Returns the bytes the store copied (0: one PUT of the whole, when no range is worth copying)."""
+        parts = plan_parts(segments)
+        if not copied_bytes(parts) or len(parts) > MAX_PARTS:
+            with tempfile.TemporaryFile() as whole:  # bounded memory: the segments may be a whole shard
+                for segment in segments:
+                    for start in range(0, segment.length, BODY_CHUNK):
+                        whole.write(segment.read(start, min(BODY_CHUNK, segment.length - start)))
+                whole.seek(0)
+                self._put(dst, whole, sha256)
+            return 0
+        bucket, key = split_s3(dst)
+        upload = self._call(dst, "create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256",
+                            Metadata={"sha256": sha256})["UploadId"]
+        try:
+            done = [self._part(dst, upload, number, part, if_match or {}) for number, part in enumerate(parts, 1)]
+            self._call(dst, "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
+                       MultipartUpload={"Parts": done})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._call(dst, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
+            raise
+        return copied_bytes(parts)
+
+    def _part(self, dst: str, upload: str, number: int, part: Part, if_match: dict[str, str]) -> dict[str, Any]:
+        """Copy or upload one part; its entry for CompleteMultipartUpload."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(dst)
+        common = {"Bucket": bucket, "Key": key, "UploadId": upload, "PartNumber": number}
+        if part.source is None:
+            body = part.body()
+            answer = self._call(dst, "upload_part", Body=body, ChecksumSHA256=to_s3_checksum(sha256_bytes(body)),
+                                **common)
+            return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": answer["ChecksumSHA256"]}
+        sbucket, skey = split_s3(part.source)
+        condition = {"CopySourceIfMatch": if_match[part.source]} if part.source in if_match else {}
+        try:
+            answer = self._call(dst, "upload_part_copy", CopySource={"Bucket": sbucket, "Key": skey},
+                                CopySourceRange=f"bytes={part.offset}-{part.offset + part.length - 1}", **condition,
+                                **common)["CopyPartResult"]
+        except ClientError as exc:
+            if condition and error_code(exc) in _CONFLICT_CODES:
+                raise SourceChanged(f"{part.source} changed after it was read") from exc
+            raise
+        entry = {"PartNumber": number, "ETag": answer["ETag"]}
+        if answer.get("ChecksumSHA256"):
+            entry["ChecksumSHA256"] = answer["ChecksumSHA256"]
+        return entry
+
     def delete(self, uri: str) -> None:
         bucket, key = split_s3(uri)
         self._call(uri, "delete_object", Bucket=bucket, Key=key)
@@ -251,3 +312,9 @@ class S3Store(Store):
                 batch = []
         if batch:
             self._call(uri, "delete_objects", Bucket=bucket, Delete={"Objects": batch})
+
+
+def _metadata_sha256(head: dict[str, Any]) -> str | None:
+    """The SHA-256 ``compose`` recorded in a multipart object's metadata (64 hex digits), else None."""
+    value = str((head.get("Metadata") or {}).get("sha256", "")).lower()
+    return value if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else None
