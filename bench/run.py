@@ -734,15 +734,65 @@ class Nights:
         return {**counts, "new_bytes": new_bytes}
 
     def build(self, version: str, dest: Path | None = None, full: bool = False) -> tuple[Run, dict[str, Any] | None]:
-        """Run the CLI; its run and the published version's manifest (None when nothing was published)."""
+        """Run the CLI; its run and the published version's manifest (None when nothing was published).
+        The page cache's dirty pages are written out first (``sync``): no build waits on another's writes."""
         dest = dest or self.out
-        run = measure([PY, "-m", "image_tfrecords", "build", "--source", str(self.source), "--destination", str(dest),
-                       "--dataset", "nightly", "--version", version, "--workers", "2",
-                       "--shard-size-mb", f"{self.shard_size_mb:g}", "--no-progress", *(["--full"] if full else [])],
-                      cwd=ROOT)
+        os.sync()
+        run = measure(self.command(version, str(dest), full), cwd=ROOT)
         folder = dest / "nightly" / version
         published = (folder / "_SUCCESS").exists()
         return run, json.loads((folder / "manifest.json").read_text()) if published else None
+
+    def command(self, version: str, dest: str, full: bool = False) -> list[str]:
+        return [PY, "-m", "image_tfrecords", "build", "--source", str(self.source), "--destination", dest,
+                "--dataset", "nightly", "--version", version, "--workers", "2",
+                "--shard-size-mb", f"{self.shard_size_mb:g}", "--no-progress", *(["--full"] if full else [])]
+
+
+def s3_night(corpus: Path, extras: Path, work: Path, counts: dict[str, int], shard_size_mb: float) -> dict[str, Any]:
+    """The same first version and night 2 with the destination on a local SeaweedFS server: what a spliced
+    shard costs when its kept runs are copied by the store (``UploadPartCopy``) instead of the kernel."""
+    from tools import seaweedfs
+
+    nights = Nights(corpus, extras, work / "incremental-s3", shard_size_mb)
+    server = seaweedfs.start(str(nights.folder / "seaweedfs"))
+    try:
+        server.create_bucket("bench")
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **server.env()}
+        dest = "s3://bench/out"
+        runs: dict[str, Any] = {}
+        for name, version, full in (("first", "night01", False), ("incremental", "night02", False),
+                                    ("full", "night02-full", True)):
+            if name == "incremental":
+                nights.mutate(2, counts)
+            os.sync()
+            run = measure(nights.command(version, dest, full), env=env, cwd=ROOT)
+            manifest = json.loads(server.client().get_object(
+                Bucket="bench", Key=f"out/nightly/{version}/manifest.json")["Body"].read())
+            runs[name] = {"seconds": run.seconds, "build": manifest["build"], "shards": shard_total(manifest)}
+            print(f"  S3 destination, {name}: {run.seconds:.2f} s", flush=True)
+    finally:
+        seaweedfs.stop(server)
+        shutil.rmtree(nights.folder, ignore_errors=True)
+    runs["speedup"] = runs["full"]["seconds"] / runs["incremental"]["seconds"]
+    return runs
+
+
+def disk_write_rate(work: Path, megabytes: int = 1000) -> float:
+    """MB/s of writing ``megabytes`` to a new file in ``work`` and fsyncing it: the floor under any night
+    that must rewrite shards on a file system without reflinks."""
+    path = work / "disk-write-rate.tmp"
+    block = os.urandom(1 << 20)
+    os.sync()
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(megabytes):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return megabytes / seconds
 
 
 def shard_total(manifest: dict[str, Any]) -> int:
@@ -832,6 +882,9 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
         "incremental": {"seconds": add_run.seconds, "build": ma["build"], "shards": shard_total(ma)},
         "full": {"seconds": add_full.seconds, "build": maf["build"], "shards": shard_total(maf)}}
     shutil.rmtree(nights.folder)
+    report["disk_mb_per_s"] = disk_write_rate(work, 50 if synthetic else 1000)
+    if images <= 20_000:
+        report["s3"] = s3_night(corpus, extras, work, counts, shard_size_mb)
     return report
 
 
@@ -911,6 +964,16 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("MB of shards copied / written by a worker: full",
             lambda r: f"{mb(r['full']['build'].get('bytes_copied', 0))} / "
                       f"{mb(r['full']['build'].get('bytes_written', 0))}"),
+        row("S3 destination (SeaweedFS on this machine): incremental / `--full` seconds",
+            lambda r: f"{r['s3']['incremental']['seconds']:.2f} / {r['s3']['full']['seconds']:.2f} "
+                      f"(**{r['s3']['speedup']:.1f}x**)" if "s3" in r else "not run"),
+        row("S3: MB of base shards read by a worker / copied by the store / uploaded by a worker",
+            lambda r: " / ".join(mb(r["s3"]["incremental"]["build"].get(k, 0)) for k in
+                                 ("base_bytes_read", "bytes_copied", "bytes_written")) if "s3" in r else "not run"),
+        row("disk: MB/s writing 1 GB with fsync; seconds to write the night's copied shard bytes at that rate",
+            lambda r: f"{r['disk_mb_per_s']:.0f} MB/s; "
+                      f"{r['incremental']['build'].get('bytes_copied', 0) / 1e6 / r['disk_mb_per_s']:.1f} s"
+            if "disk_mb_per_s" in r else "not measured"),
         row("incremental night by stage: discover / inspect / split / plan",
             lambda r: " / ".join(per_row(r, s) for s in ("discover", "inspect", "split", "plan"))),
         row("incremental night by stage: reuse / write / validate / card / publish",
@@ -985,6 +1048,12 @@ def incremental_targets(runs: dict[int, dict[str, Any]]) -> list[tuple[str, str,
             (f"{n} images: source bytes read <= 2x the added and changed images'",
              f"{r['source_ratio']:.2f}x ({r['incremental']['build']['source_bytes_read'] / 1e6:.1f} MB of "
              f"{r['night']['new_bytes'] / 1e6:.1f} MB)", r["source_ratio"] <= 2),
+            *([(f"{n} images, S3: kept runs copied by the store; through the worker at most the base read "
+                "once plus the new records",
+                f"{s3['bytes_copied'] / 1e6:.1f} MB copied by the store; {s3['base_bytes_read'] / 1e6:.1f} MB read "
+                f"+ {s3['bytes_written'] / 1e6:.1f} MB uploaded ({r['night']['new_bytes'] / 1e6:.1f} MB of new "
+                "images)", s3["bytes_copied"] > 0 and s3["bytes_written"] <= 1.05 * r["night"]["new_bytes"])]
+              if (s3 := r.get("s3", {}).get("incremental", {}).get("build")) else []),
             (f"{n} images: an unchanged night skips all work",
              f"{'skipped' if r['unchanged']['skipped'] else 'built'} in {r['unchanged']['seconds']:.2f} s",
              r["unchanged"]["skipped"]),

@@ -84,6 +84,11 @@ def check_incremental(data: dict[str, Any], text: str) -> None:
     assert chain[1]["mode"] == "incremental"
     assert all(r["mode"] == "incremental" or r["full_because"].startswith("compaction") for r in chain[1:])
     assert all(r["shards"] <= 1.5 * r["full_shards"] for r in chain)  # compaction's bound
+    s3 = run["s3"]  # the same night with the destination on the S3 server
+    assert s3["first"]["build"]["mode"] == "full" and s3["incremental"]["build"]["mode"] == "incremental"
+    assert s3["incremental"]["build"]["records_parsed"] == 3 + 1 and s3["full"]["build"]["mode"] == "full"
+    assert 0 < s3["incremental"]["build"]["bytes_written"] < s3["full"]["build"]["bytes_written"]
+    assert run["disk_mb_per_s"] > 0
     targets = {t["target"]: t for t in data["targets"]}
     assert targets["300 images: an unchanged night skips all work"]["met"]
     assert re.search(r"\| speedup \(full / incremental\) \| \*\*\d+\.\dx\*\* \|", text)
