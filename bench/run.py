@@ -581,7 +581,7 @@ def options_cost(images: int, work: Path, synthetic: bool, rounds: int) -> dict[
 
 
 def render_options(report: dict[str, Any]) -> list[str]:
-    """The "Image options" section (README links to BENCHMARKS.md#image-options: keep the heading)."""
+    """The "Image options" section (docs/features.md links to BENCHMARKS.md#image-options: keep the heading)."""
     builds = report["builds"]
     original = {b["workers"]: b for b in builds if b["key"] == "original"}
 

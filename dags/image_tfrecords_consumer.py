@@ -34,9 +34,8 @@ def image_tfrecords_consumer() -> None:
     @task
     def summarize_new_version() -> dict[str, Any]:
         """Read the published manifest named by the triggering event and log what it holds."""
-        from image_tfrecords_aws import airflow_storage  # plugins/: the Airflow side's S3 client factory
-
         from image_tfrecords import layout
+        from image_tfrecords.airflow_glue import airflow_storage  # the S3 client of the aws_default connection
         from image_tfrecords.config import DEFAULT_DATASET, DEFAULT_DESTINATION
         from image_tfrecords.storage import join
 

@@ -60,10 +60,8 @@ mapped tasks run one after another in the test's process, each still using such 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -72,6 +70,7 @@ import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, task, teardown
 
 from image_tfrecords import config, layout  # names and defaults only: no stage, TensorFlow, Pillow or boto3
+from image_tfrecords.airflow_glue import notify_failure
 from image_tfrecords.imaging import ENCODINGS, FITS
 
 log = logging.getLogger(__name__)
@@ -90,8 +89,6 @@ RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELA
 STAGING_GRACE_HOURS = float(os.environ.get("IMAGE_TFRECORDS_STAGING_GRACE_HOURS", "24"))
 
 IMAGES = "Images and features"  # the trigger form's section of the image options
-IMAGE_PARAMS = ("resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator",
-                "modern_formats")
 
 PARAMS = {
     "source": Param(DEFAULT_SOURCE, type="string", minLength=1, section="Input", title="Source",
@@ -169,94 +166,11 @@ PARAMS = {
 }
 
 
-def run_version(context: Any) -> str:
-    """The version this run builds: ``version`` param, else logical date, else run id."""
-    override = context["params"].get("version")
-    if override:
-        return override
-    logical_date = context.get("logical_date")
-    if logical_date is not None:
-        return layout.version_name(logical_date)
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", context["run_id"]).strip("-.") or "run"
-
-
-def notify_failure(context: Any) -> None:
-    """Failure notice for a task that failed for good (retries exhausted or not retryable).
-
-    Logged at ERROR by default; point it elsewhere by replacing this callback, e.g. with a
-    provider notifier such as ``SlackNotifier`` or ``SmtpNotifier`` in ``default_args``.
-    """
-    ti = context["ti"]
-    log.error("image_tfrecords FAILED: run %s, task %s (try %s), version %s: %s", context["run_id"], ti.task_id,
-              ti.try_number, run_version(context), context.get("exception"))
-
-
-def snapshot_as_of(context: Any) -> str | None:
-    """The snapshot time of a run: scheduled runs and backfills see the source as of their logical
-    date (files modified at or before it); manual runs see everything present when they start."""
-    run_type = getattr(context["dag_run"], "run_type", None)
-    run_type = str(getattr(run_type, "value", run_type))
-    logical_date = context.get("logical_date")
-    if run_type in ("scheduled", "backfill") and logical_date is not None:
-        return logical_date.in_timezone("UTC").isoformat()
-    return None
-
-
 def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
-    """Call a stage function (``image_tfrecords.stages``) with this run's config and storage.
+    """A stage with this run's config and storage; errors mapped to task outcomes (``airflow_glue``)."""
+    from image_tfrecords.airflow_glue import run_stage
 
-    Every task but discard and clean holds the version's lock. Errors retrying cannot fix (bad
-    params, bad input, missing bucket, wrong credentials) fail the task at once instead of burning
-    retries; retryable ones (an unreachable store, a contended ``latest.json``) are retried.
-    """
-    from airflow.sdk.exceptions import AirflowFailException
-    from image_tfrecords_aws import airflow_storage  # plugins/: the Airflow side's S3 client factory
-
-    from image_tfrecords import locking, stages
-    from image_tfrecords.cleanup import clean_staging
-    from image_tfrecords.config import BuildConfig
-    from image_tfrecords.errors import ImageTfrecordsError, LockHeld
-    from image_tfrecords.preflight import check_locations, os_error_line
-
-    context = get_current_context()
-    params = context["params"]
-    try:
-        cfg = BuildConfig(source=params["source"], destination=params["destination"], dataset=params["dataset"],
-                          version=run_version(context), splits=params["splits"], salt=params["salt"],
-                          shard_size_mb=params["shard_size_mb"], compression=params["compression"],
-                          max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
-                          max_file_mb=params.get("max_file_mb", config.DEFAULT_MAX_FILE_MB),
-                          max_pixels=params.get("max_pixels", config.MAX_PIXELS),
-                          full=bool(params.get("full_rebuild", False)),
-                          chunk_files=params.get("chunk_files", config.DEFAULT_CHUNK_FILES),
-                          chunk_mb=params.get("chunk_mb", config.DEFAULT_CHUNK_MB),
-                          **{name: params[name] for name in IMAGE_PARAMS if name in params})
-        storage = airflow_storage()
-        if stage is stages.discover_stage:
-            check_locations(cfg)
-        if stage is clean_staging:
-            report = clean_staging(storage, cfg.dataset_uri, STAGING_GRACE_HOURS * 3600)
-            for entry in report:
-                log.info("staging %s (%d files, %.1f MB, %.1f h old): %s", entry["uri"], entry["files"],
-                         entry["bytes"] / 1e6, entry["age_hours"], entry["action"])
-            return {"removed": [e["version"] for e in report if e["action"] == "remove"],
-                    "kept": len([e for e in report if e["action"] != "remove"])}
-        if stage is not stages.discard_stage:  # the lock dies with the staging prefix
-            owner = f"airflow:{context['dag'].dag_id}:{context['run_id']}"
-            locking.hold(storage, cfg.staging_uri, owner, locking.DAG_LEASE_SECONDS)
-        return stage(cfg, storage, **kwargs)
-    except LockHeld as exc:
-        raise AirflowFailException(f"version {run_version(context)} is being built by another run: {exc}") from exc
-    except ImageTfrecordsError as exc:
-        if exc.retryable:
-            raise
-        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
-    except OSError as exc:  # a read-only or full destination, a full TMPDIR: one line; retried if it may pass
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR):
-            raise AirflowFailException(os_error_line(exc, params["destination"])) from exc
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise RuntimeError(os_error_line(exc, params["destination"])) from exc
-        raise
+    return run_stage(stage, staging_grace_hours=STAGING_GRACE_HOURS, **kwargs)
 
 
 @dag(

@@ -139,7 +139,8 @@ def dag_module() -> Any:
 def test_run_version_rule() -> None:
     import pendulum
 
-    run_version = dag_module().run_version
+    from image_tfrecords.airflow_glue import run_version
+
     date = pendulum.datetime(2026, 11, 1, 2, 0, tz="Europe/Paris")
     assert run_version({"params": {}, "logical_date": date, "run_id": "x"}) == "20261101T010000Z"
     assert run_version({"params": {"version": "v7"}, "logical_date": date, "run_id": "x"}) == "v7"
@@ -152,7 +153,8 @@ def test_snapshot_rule_by_run_type() -> None:
 
     import pendulum
 
-    snapshot_as_of = dag_module().snapshot_as_of
+    from image_tfrecords.airflow_glue import snapshot_as_of
+
     date = pendulum.datetime(2026, 11, 1, 2, 0, tz="UTC")
     for run_type, expected in (("scheduled", "2026-11-01T02:00:00+00:00"), ("backfill", "2026-11-01T02:00:00+00:00"),
                                ("manual", None), ("asset_triggered", None)):

@@ -160,6 +160,20 @@ def test_dag_gzip_into_local_folder(airflow_env: dict[str, str], s3_server: S3Se
     assert_matches_source(manifest, splits, sample_dir)
 
 
+def test_the_dag_needs_only_its_dags_folder(airflow_env: dict[str, str], s3_server: S3Server, sample_dir: Path,
+                                          tmp_path: Path) -> None:
+    """Pointed at dags/ alone (no plugins folder, as most people first do), the DAG publishes: no task
+    imports anything from plugins/."""
+    env = {key: value for key, value in airflow_env.items() if key != "AIRFLOW__CORE__PLUGINS_FOLDER"}
+    env["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(tmp_path / "no-plugins")
+    conf = {"source": str(sample_dir), "destination": str(tmp_path / "out"), "dataset": "d", "version": "v1"}
+    result = dags_test(env, s3_server, "2026-11-07T00:00:00+00:00", conf)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert "up_for_retry" not in result.stdout + result.stderr
+    manifest, splits = read_version(Storage(), str(tmp_path / "out" / "d" / "v1"))
+    assert_matches_source(manifest, splits, sample_dir)
+
+
 def test_bad_params_fail_fast_without_retries(airflow_env: dict[str, str], s3_server: S3Server,
                                               sample_dir: Path, tmp_path: Path) -> None:
     conf = {"source": str(sample_dir), "destination": str(tmp_path), "dataset": "d",

@@ -731,20 +731,6 @@ def test_locks_are_up_to_date_with_their_inputs() -> None:
 # --------------------------------------------------------------------------------------------- the docs
 
 
-def doc_texts() -> list[tuple[str, str]]:
-    """The docs file, plus its copy in README.md once it has been pasted there."""
-    texts = [("docs/docker-compose.md", DOCS.read_text(encoding="utf-8"))]
-    if README.exists():
-        readme = README.read_text(encoding="utf-8")
-        heading = re.search(rf"^(#+) {re.escape(DOCS_HEADING)}\s*$", readme, re.M)
-        if heading:
-            level = len(heading.group(1))
-            rest = readme[heading.end() :]
-            end = re.search(rf"^#{{1,{level}}} ", rest, re.M)
-            texts.append(("README.md", rest[: end.start()] if end else rest))
-    return texts
-
-
 def split_code(text: str) -> tuple[str, str]:
     """(prose, fenced code) of a markdown text."""
     code = "\n".join(re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M))
@@ -764,12 +750,9 @@ def compose_names(raw: str, compose: dict[str, Any]) -> tuple[set[str], set[str]
     return env_names, set(services) | set(compose.get("volumes") or {})
 
 
-@pytest.mark.parametrize("where", ["docs/docker-compose.md", "README.md"])
-def test_docs_only_name_what_compose_defines(where: str, raw: str, compose: dict[str, Any]) -> None:
-    texts = dict(doc_texts())
-    if where not in texts:
-        pytest.skip(f"README.md has no '{DOCS_HEADING}' section yet")
-    prose, code = split_code(texts[where])
+def test_docs_only_name_what_compose_defines(raw: str, compose: dict[str, Any]) -> None:
+    where = "docs/docker-compose.md"
+    prose, code = split_code(DOCS.read_text(encoding="utf-8"))
     env_names, service_names = compose_names(raw, compose)
     # Names the docs themselves define in a snippet (e.g. the CeleryExecutor additions).
     snippet_names = set(re.findall(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*):", code, re.M))

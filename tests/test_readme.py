@@ -1,4 +1,5 @@
-"""The README's promises hold: its tf.data snippet runs, and it states the user-facing contract."""
+"""The README's promises hold: its tf.data snippet runs, it stays a short read, and it and the pages under
+docs/ state the user-facing contract (the CLI's flags, the DAG's params, the published layout)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))}
+README_MAX_BYTES = 15_000  # a newcomer's ten-minute read; the rest is a page under docs/
 
 
 def snippet(name: str) -> str:
@@ -42,9 +45,34 @@ def test_readme_states_commands_and_layout() -> None:
         assert text in README, text
     for key in ("image/encoded", "image/format", "image/height", "image/width", "image/channels",
                 "image/class/label", "image/class/text", "image/filename", "image/sha256"):
-        assert f"`{key}`" in README, key
+        assert f"`{key}`" in DOCS["published-format.md"], key
     for param in ("source", "destination", "dataset", "splits", "salt", "shard_size_mb", "compression"):
-        assert f"| `{param}` |" in README, param
+        assert f"| `{param}` |" in DOCS["dag.md"], param
+
+
+def test_readme_is_short_and_links_resolve() -> None:
+    """The README stays a short read, and every relative link in it and in docs/ names a file that exists
+    (and, with an anchor, a heading of that file)."""
+    assert len(README.encode()) <= README_MAX_BYTES, f"README.md is {len(README.encode())} bytes"
+    broken = []
+    for where, text in [("README.md", README), *((f"docs/{name}", body) for name, body in DOCS.items())]:
+        base = (ROOT / where).parent
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (base / path).resolve() if path else ROOT / where
+            if not file.exists():
+                broken.append(f"{where}: {target}")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
+                broken.append(f"{where}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a markdown text's headings."""
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+            for title in re.findall(r"^#+ (.*)$", markdown, re.M)}
 
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
@@ -66,12 +94,11 @@ def subcommands() -> list[str]:
 
 
 def cli_section() -> str:
-    assert "## The command line" in README
-    return README.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    return DOCS["cli.md"]
 
 
-def test_readme_documents_every_subcommand_and_flag() -> None:
-    """Every subcommand and every option its --help lists is in the README's command-line section, with a
+def test_cli_page_documents_every_subcommand_and_flag() -> None:
+    """Every subcommand and every option its --help lists is in docs/cli.md, with a
     usage line; whatever subcommands and flags are added later are covered without editing this test."""
     section, missing = cli_section(), []
     commands = subcommands()
@@ -82,13 +109,13 @@ def test_readme_documents_every_subcommand_and_flag() -> None:
         flags = set(FLAG.findall(cli_help(command))) - {"--help"}
         missing += [f"`{flag}` of `{command}`" for flag in sorted(flags) if not re.search(
             rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section)]
-    assert not missing, "README's command-line section does not mention " + "; ".join(missing)
+    assert not missing, "docs/cli.md does not mention " + "; ".join(missing)
 
 
-def test_readme_names_no_flag_the_cli_lacks() -> None:
+def test_cli_page_names_no_flag_the_cli_lacks() -> None:
     known = {flag for command in subcommands() for flag in FLAG.findall(cli_help(command))}
     unknown = set(FLAG.findall(cli_section())) - known
-    assert not unknown, f"README's command-line section names flags no subcommand has: {sorted(unknown)}"
+    assert not unknown, f"docs/cli.md names flags no subcommand has: {sorted(unknown)}"
 
 
 def test_cli_help_lists_the_contract_flags() -> None:
@@ -96,14 +123,3 @@ def test_cli_help_lists_the_contract_flags() -> None:
     for flag in ("--source", "--destination", "--dataset", "--version", "--splits", "--salt", "--shard-size-mb",
                  "--compression", "--workers"):
         assert flag in options, flag
-
-
-def test_readme_reader_snippets_are_the_tested_ones() -> None:
-    """The README's Keras, TFDS and PyTorch snippets are docs/readers.md's, which
-    tests/test_readers_from_pip.py runs from a fresh pip install."""
-    pattern = re.compile(r"^<!-- reader: ([\w-]+) -->\n```python\n(.*?)^```$", re.S | re.M)
-    readme = dict(pattern.findall(README))
-    tested = dict(pattern.findall((ROOT / "docs" / "readers.md").read_text(encoding="utf-8")))
-    assert set(readme) == {"keras", "tfds", "pytorch"}
-    for name, code in readme.items():
-        assert code == tested[name], f"README's {name} snippet differs from docs/readers.md's"

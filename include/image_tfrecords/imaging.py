@@ -9,7 +9,7 @@ What a record stores is decided in two places, so each image is decoded and enco
 - the write task that writes its shard makes the others (``make_image``): decode, orient upright
   (EXIF), convert channels, resize, encode. Same inputs, same Pillow: same bytes.
 
-Rules, stated in the README:
+Rules, stated in docs/features.md:
 
 - ``resize``: ``none`` | ``longest:N`` (longest side N) | ``shortest:N`` (shortest side N, as ImageNet
   pipelines keep 256) | ``WxH`` (exactly W wide, H high, by ``fit``: ``crop`` scales to cover and cuts the

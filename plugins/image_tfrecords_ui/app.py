@@ -46,7 +46,7 @@ _templates = Environment(loader=FileSystemLoader(Path(__file__).with_name("templ
 
 def airflow_storage() -> Storage:
     """A Storage whose S3 client comes from the Airflow connection ``aws_default`` (as in the DAG)."""
-    from image_tfrecords_aws import airflow_storage as storage
+    from image_tfrecords.airflow_glue import airflow_storage as storage
 
     return storage()
 

@@ -1,0 +1,154 @@
+"""Everything the DAGs and the datasets page need from Airflow, in the one module that imports it.
+
+``dags/`` holds the DAGs' wiring only and finds this module through the installed package, so a
+deployment needs nothing on ``sys.path`` but ``dags_folder`` (``plugins/`` adds the UI page, no
+task needs it). Here: the S3 client from the ``aws_default`` connection (``airflow_storage``), the
+run's version and snapshot time, the params-to-``BuildConfig`` mapping, and ``run_stage``, which
+calls a stage and turns its errors into Airflow's outcomes the way the CLI turns them into exit
+codes: errors retrying cannot fix fail the task at once, the others are left to Airflow's retries.
+
+Airflow is imported inside functions only, so the package imports without it (the CLI, readers).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import config, layout
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+AWS_CONN_ID = "aws_default"
+CLIENT_TTL_SECONDS = 300.0
+IMAGE_PARAMS = ("resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator",
+                "modern_formats")
+_cache: dict[str, tuple[float, Any]] = {}
+_lock = threading.Lock()
+
+
+def s3_client(conn_id: str = AWS_CONN_ID) -> Any:
+    """A boto3 S3 client from the Airflow connection ``conn_id`` (endpoint, credentials, addressing).
+
+    Reused for a few minutes within one process: creating it costs about half a second (boto3 loads
+    its service model each time), which adds up when tasks share a process (``airflow dags test``).
+    Each task of a real deployment runs in a process of its own, so it sees connection changes.
+    """
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    with _lock:
+        created, client = _cache.get(conn_id, (0.0, None))
+        if client is None or time.monotonic() - created > CLIENT_TTL_SECONDS:
+            client = S3Hook(aws_conn_id=conn_id).get_conn()
+            _cache[conn_id] = (time.monotonic(), client)
+        return client
+
+
+def airflow_storage() -> Storage:
+    """A Storage for local paths and ``s3://`` URIs whose S3 client comes from ``aws_default``."""
+    return Storage(s3_client)
+
+
+def run_version(context: Mapping[str, Any]) -> str:
+    """The version a run builds: the ``version`` param, else its logical date, else its run id."""
+    override = context["params"].get("version")
+    if override:
+        return override
+    logical_date = context.get("logical_date")
+    if logical_date is not None:
+        return layout.version_name(logical_date)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", context["run_id"]).strip("-.") or "run"
+
+
+def snapshot_as_of(context: Mapping[str, Any]) -> str | None:
+    """The snapshot time of a run: scheduled runs and backfills see the source as of their logical
+    date (files modified at or before it); manual runs see everything present when they start."""
+    run_type = getattr(context["dag_run"], "run_type", None)
+    run_type = str(getattr(run_type, "value", run_type))
+    logical_date = context.get("logical_date")
+    if run_type in ("scheduled", "backfill") and logical_date is not None:
+        return logical_date.in_timezone("UTC").isoformat()
+    return None
+
+
+def notify_failure(context: Mapping[str, Any]) -> None:
+    """Failure notice for a task that failed for good (retries exhausted or not retryable).
+
+    Logged at ERROR by default; point it elsewhere by replacing this callback, e.g. with a
+    provider notifier such as ``SlackNotifier`` or ``SmtpNotifier`` in the DAG's ``default_args``.
+    """
+    ti = context["ti"]
+    log.error("image_tfrecords FAILED: run %s, task %s (try %s), version %s: %s", context["run_id"], ti.task_id,
+              ti.try_number, run_version(context), context.get("exception"))
+
+
+def build_config(context: Mapping[str, Any]) -> config.BuildConfig:
+    """The run's ``BuildConfig``, from its params, version and snapshot time (ConfigError if invalid)."""
+    params = context["params"]
+    return config.BuildConfig(
+        source=params["source"], destination=params["destination"], dataset=params["dataset"],
+        version=run_version(context), splits=params["splits"], salt=params["salt"],
+        shard_size_mb=params["shard_size_mb"], compression=params["compression"],
+        max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
+        max_file_mb=params.get("max_file_mb", config.DEFAULT_MAX_FILE_MB),
+        max_pixels=params.get("max_pixels", config.MAX_PIXELS),
+        full=bool(params.get("full_rebuild", False)),
+        chunk_files=params.get("chunk_files", config.DEFAULT_CHUNK_FILES),
+        chunk_mb=params.get("chunk_mb", config.DEFAULT_CHUNK_MB),
+        **{name: params[name] for name in IMAGE_PARAMS if name in params})
+
+
+def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kwargs: Any) -> Any:
+    """Call a stage function (``image_tfrecords.stages``) with the current run's config and storage.
+
+    Every task but discard and clean holds the version's lock. Errors retrying cannot fix (bad
+    params, bad input, missing bucket, wrong credentials) fail the task at once instead of burning
+    retries; retryable ones (an unreachable store, a contended ``latest.json``) are retried.
+    """
+    from airflow.sdk import get_current_context
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from . import locking, stages
+    from .cleanup import clean_staging
+    from .errors import ImageTfrecordsError, LockHeld
+    from .preflight import check_locations, os_error_line
+
+    context = get_current_context()
+    params = context["params"]
+    try:
+        cfg = build_config(context)
+        storage = airflow_storage()
+        if stage is stages.discover_stage:
+            check_locations(cfg)
+        if stage is clean_staging:
+            report = clean_staging(storage, cfg.dataset_uri, staging_grace_hours * 3600)
+            for entry in report:
+                log.info("staging %s (%d files, %.1f MB, %.1f h old): %s", entry["uri"], entry["files"],
+                         entry["bytes"] / 1e6, entry["age_hours"], entry["action"])
+            return {"removed": [e["version"] for e in report if e["action"] == "remove"],
+                    "kept": len([e for e in report if e["action"] != "remove"])}
+        if stage is not stages.discard_stage:  # the lock dies with the staging prefix
+            owner = f"airflow:{context['dag'].dag_id}:{context['run_id']}"
+            locking.hold(storage, cfg.staging_uri, owner, locking.DAG_LEASE_SECONDS)
+        return stage(cfg, storage, **kwargs)
+    except LockHeld as exc:
+        raise AirflowFailException(f"version {run_version(context)} is being built by another run: {exc}") from exc
+    except ImageTfrecordsError as exc:
+        if exc.retryable:
+            raise
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+    except OSError as exc:  # a read-only or full destination, a full TMPDIR: one line; retried if it may pass
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR):
+            raise AirflowFailException(os_error_line(exc, params["destination"])) from exc
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise RuntimeError(os_error_line(exc, params["destination"])) from exc
+        raise
+    except ImportError as exc:  # a deployment that lacks a package: say what to install, never retry
+        raise AirflowFailException(f"{exc}: install the image-tfrecords package with its Airflow extras "
+                                   "(pip install 'image-tfrecords[airflow]') where the tasks run") from exc
