@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench lock clean
+.PHONY: install demo test lint bench lock clean docs
 
 install: $(STAMP)
 
@@ -19,6 +19,10 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 demo: install
 	$(PY) tools/demo.py
+
+# The generated parts of docs/ (the DAG's params table, from include/image_tfrecords/options.py).
+docs: install
+	$(PY) tools/docs.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -10,7 +10,6 @@ names under IMAGE_TFRECORDS_DESTINATION / IMAGE_TFRECORDS_DATASET.
 from __future__ import annotations
 
 import logging
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +35,7 @@ def image_tfrecords_consumer() -> None:
         """Read the published manifest named by the triggering event and log what it holds."""
         from image_tfrecords import layout
         from image_tfrecords.airflow_glue import airflow_storage  # the S3 client of the aws_default connection
-        from image_tfrecords.config import DEFAULT_DATASET, DEFAULT_DESTINATION
+        from image_tfrecords.options import BY_NAME
         from image_tfrecords.storage import join
 
         context = get_current_context()
@@ -45,8 +44,7 @@ def image_tfrecords_consumer() -> None:
         if events:
             version_uri = events[-1].extra["uri"]
         else:  # a manual run: the newest complete version at the default destination
-            root = os.environ.get("IMAGE_TFRECORDS_DESTINATION", DEFAULT_DESTINATION)
-            dataset = os.environ.get("IMAGE_TFRECORDS_DATASET", DEFAULT_DATASET)
+            root, dataset = BY_NAME["destination"].dag_default(), BY_NAME["dataset"].dag_default()
             version_uri = layout.resolve(storage, join(root, dataset))
         manifest = layout.read_manifest(storage, version_uri)
         summary = {"uri": version_uri, "version": manifest["version"], "num_records": manifest["num_records"],

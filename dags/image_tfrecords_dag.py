@@ -67,17 +67,12 @@ from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, get_current_context, task, teardown
+from airflow.sdk import Asset, dag, get_current_context, task, teardown
 
-from image_tfrecords import config, layout  # names and defaults only: no stage, TensorFlow, Pillow or boto3
-from image_tfrecords.airflow_glue import notify_failure
-from image_tfrecords.imaging import ENCODINGS, FITS
+from image_tfrecords.airflow_glue import dag_params, notify_failure  # light: no stage, TensorFlow or Pillow
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOURCE = os.environ.get("IMAGE_TFRECORDS_SOURCE", "/opt/airflow/data/sample")
-DEFAULT_DESTINATION = os.environ.get("IMAGE_TFRECORDS_DESTINATION", config.DEFAULT_DESTINATION)
-DEFAULT_DATASET = os.environ.get("IMAGE_TFRECORDS_DATASET", config.DEFAULT_DATASET)
 # Updated by every publish. Named only, so it does not change with the environment's defaults (an
 # Asset whose URI changed under the same name would be deactivated); each event's extra says what
 # was published: URI, version and counts.
@@ -88,82 +83,8 @@ POOL = os.environ.get("IMAGE_TFRECORDS_POOL", "default_pool")
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
 STAGING_GRACE_HOURS = float(os.environ.get("IMAGE_TFRECORDS_STAGING_GRACE_HOURS", "24"))
 
-IMAGES = "Images and features"  # the trigger form's section of the image options
 
-PARAMS = {
-    "source": Param(DEFAULT_SOURCE, type="string", minLength=1, section="Input", title="Source",
-                    description="Local folder or s3://bucket/prefix holding one folder per class "
-                                "(or a labels.csv with columns filename,label)."),
-    "destination": Param(DEFAULT_DESTINATION, type="string", minLength=1, section="Output", title="Destination",
-                         description="Local folder or s3://bucket/prefix; the dataset is published "
-                                     "under DESTINATION/DATASET/VERSION/."),
-    "dataset": Param(DEFAULT_DATASET, type="string", pattern=f"^{layout.NAME.pattern}$",
-                     section="Output", title="Dataset name",
-                     description="Folder name of the dataset under the destination."),
-    "splits": Param(dict(config.DEFAULT_SPLITS), type="object", section="Splits", title="Splits",
-                    description="Split name -> fraction of images; fractions must sum to 1. "
-                                "Changing them reassigns images."),
-    "salt": Param("", type="string", section="Splits", title="Split salt",
-                  description="Seeds the split assignment; keep it fixed so images never move."),
-    "shard_size_mb": Param(100, type="number", exclusiveMinimum=0, maximum=4096, section="Build",
-                           title="Shard size (MB)",
-                           description="Target size of each TFRecord shard, in MB (10^6 bytes)."),
-    "compression": Param("none", type="string", enum=["none", "gzip"], section="Build", title="Compression",
-                         description="none writes .tfrecord files; gzip writes .tfrecord.gz."),
-    "max_reject_fraction": Param(0.2, type="number", minimum=0, maximum=1, section="Build", title="Max reject share",
-                                 description="Fail before publishing if more than this share of the files is "
-                                             "rejected (corrupt, duplicate, unsupported...)."),
-    "max_file_mb": Param(int(config.DEFAULT_MAX_FILE_MB), type="number", exclusiveMinimum=0, maximum=1_000_000,
-                         section="Bad input", title="Max file size (MB)",
-                         description="Files larger than this are rejected (too_large) without being read."),
-    "max_pixels": Param(config.MAX_PIXELS, type="integer", minimum=1, maximum=1_000_000_000, section="Bad input",
-                        title="Max pixels per image",
-                        description="Images with more pixels are rejected (too_many_pixels) before decoding; "
-                                    "lower it to bound a worker's memory (about 8 bytes per pixel at worst)."),
-    "force": Param(False, type="boolean", section="Build", title="Rebuild even if unchanged",
-                   description="Build and publish even when the source listing and params are the same as "
-                               "the previous published version's (otherwise the run skips the work)."),
-    "full_rebuild": Param(False, type="boolean", section="Build", title="Full rebuild",
-                          description="Reuse nothing of the previous version: re-read every image and rewrite "
-                                      "every shard (also compacts the shards); builds even when unchanged."),
-    "chunk_files": Param(config.DEFAULT_CHUNK_FILES, type="integer", minimum=1, maximum=10_000_000,
-                         section="Build", title="Files per inspection task",
-                         description="Inspection runs as one mapped task per chunk of at most this many files "
-                                     "(raised when there would be more than 1024 chunks). Never changes the output."),
-    "chunk_mb": Param(config.DEFAULT_CHUNK_MB, type="number", exclusiveMinimum=0, maximum=1_000_000,
-                      section="Build", title="MB per inspection task",
-                      description="... or at most this many MB of source files."),
-    "resize": Param("none", type="string", pattern=r"^(none|(longest|shortest):[0-9]+|[0-9]+x[0-9]+)$",
-                    section=IMAGES, title="Resize",
-                    description="none (default), longest:N, shortest:N or WxH (e.g. 224x224). Lanczos filter; "
-                                "images are never enlarged unless Upscale is on."),
-    "fit": Param("crop", type="string", enum=list(FITS), section=IMAGES, title="Fit (for WxH)",
-                 description="crop: cover WxH and cut the centre; pad: fit inside and pad with black; "
-                             "stretch: ignore the aspect ratio."),
-    "upscale": Param(False, type="boolean", section=IMAGES, title="Upscale",
-                     description="Let Resize enlarge images smaller than the target."),
-    "encoding": Param("original", type="string", enum=list(ENCODINGS), section=IMAGES, title="Encoding",
-                      description="original: the file byte for byte unless resized or converted; jpeg: every "
-                                  "image re-encoded at the JPEG quality; png: lossless; raw: decoded uint8 pixels "
-                                  "(image/raw with image/shape), so training skips decoding."),
-    "jpeg_quality": Param(95, type="integer", minimum=1, maximum=100, section=IMAGES, title="JPEG quality",
-                          description="Quality of re-encoded JPEGs (1-100)."),
-    "channels": Param(0, type="integer", enum=[0, 1, 3, 4], section=IMAGES, title="Channels",
-                      description="0: as decoded (raw: 3); 1: grey; 3: RGB; 4: RGBA (not with jpeg)."),
-    "columns": Param({}, type="object", section=IMAGES, title="Metadata columns",
-                     description='labels.csv columns stored as features, name -> type, e.g. {"caption": '
-                                 '"string", "weight": "float", "tags": "string_list"}; types: string, int64, '
-                                 'float, string_list, int64_list, float_list. A bad value rejects its image.'),
-    "label_separator": Param("|", type="string", minLength=1, maxLength=1, section=IMAGES,
-                             title="Label separator",
-                             description="Separates the classes of a labels.csv 'labels' column (several "
-                                         "classes per image) and the items of list columns."),
-    "modern_formats": Param(True, type="boolean", section="Input", title="HEIC, AVIF and JPEG XL",
-                            description="Decode HEIC/HEIF, AVIF and JPEG XL photos (stored as lossless PNG or "
-                                        "the chosen encoding); off: their files are skipped and counted."),
-    "version": Param(None, type=["null", "string"], section="Output", title="Version (optional)",
-                     description="Override the version name; empty means the run's logical date."),
-}
+PARAMS = dag_params()  # from image_tfrecords.options; source, destination, dataset defaults from IMAGE_TFRECORDS_*
 
 
 def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:

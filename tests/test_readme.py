@@ -123,3 +123,15 @@ def test_cli_help_lists_the_contract_flags() -> None:
     for flag in ("--source", "--destination", "--dataset", "--version", "--splits", "--salt", "--shard-size-mb",
                  "--compression", "--workers"):
         assert flag in options, flag
+
+
+def test_generated_docs_are_current() -> None:
+    """docs/'s generated blocks (the DAG's params table, from options.py) are what the code makes now."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tools.docs import render
+    finally:
+        sys.path.remove(str(ROOT))
+    stale = [name for name, text in DOCS.items() if render(text) != text]
+    assert not stale, f"docs/{stale} out of date: run `make docs`"
+    assert "<!-- generated: params -->" in DOCS["dag.md"]

@@ -3,7 +3,8 @@
 ``dags/`` holds the DAGs' wiring only and finds this module through the installed package, so a
 deployment needs nothing on ``sys.path`` but ``dags_folder`` (``plugins/`` adds the UI page, no
 task needs it). Here: the S3 client from the ``aws_default`` connection (``airflow_storage``), the
-run's version and snapshot time, the params-to-``BuildConfig`` mapping, and ``run_stage``, which
+run's version and snapshot time, the trigger form's Params and the params-to-``BuildConfig``
+mapping (both from ``options.OPTIONS``), and ``run_stage``, which
 calls a stage and turns its errors into Airflow's outcomes the way the CLI turns them into exit
 codes: errors retrying cannot fix fail the task at once, the others are left to Airflow's retries.
 
@@ -20,15 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import config, layout
+from . import config, layout, options
 from .storage import Storage
 
 log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
 CLIENT_TTL_SECONDS = 300.0
-IMAGE_PARAMS = ("resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator",
-                "modern_formats")
 _cache: dict[str, tuple[float, Any]] = {}
 _lock = threading.Lock()
 
@@ -88,20 +87,30 @@ def notify_failure(context: Mapping[str, Any]) -> None:
               ti.try_number, run_version(context), context.get("exception"))
 
 
+def dag_params() -> dict[str, Any]:
+    """The trigger form's Params, one per option that has one (``options.OPTIONS``: type, bounds, title,
+    section, help); a deployment sets the defaults of source, destination and dataset in the environment
+    (``IMAGE_TFRECORDS_SOURCE`` ...)."""
+    from airflow.sdk import Param
+
+    params = {}
+    for option in options.OPTIONS:
+        if option.param_name is None:
+            continue
+        value = option.dag_default()
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # the form shows 100, not 100.0 (and the runs' params stay what they were)
+        params[option.param_name] = Param(value, **option.schema(), title=option.title, section=option.section,
+                                          description=option.help)
+    return params
+
+
 def build_config(context: Mapping[str, Any]) -> config.BuildConfig:
     """The run's ``BuildConfig``, from its params, version and snapshot time (ConfigError if invalid)."""
     params = context["params"]
-    return config.BuildConfig(
-        source=params["source"], destination=params["destination"], dataset=params["dataset"],
-        version=run_version(context), splits=params["splits"], salt=params["salt"],
-        shard_size_mb=params["shard_size_mb"], compression=params["compression"],
-        max_reject_fraction=params["max_reject_fraction"], as_of=snapshot_as_of(context),
-        max_file_mb=params.get("max_file_mb", config.DEFAULT_MAX_FILE_MB),
-        max_pixels=params.get("max_pixels", config.MAX_PIXELS),
-        full=bool(params.get("full_rebuild", False)),
-        chunk_files=params.get("chunk_files", config.DEFAULT_CHUNK_FILES),
-        chunk_mb=params.get("chunk_mb", config.DEFAULT_CHUNK_MB),
-        **{name: params[name] for name in IMAGE_PARAMS if name in params})
+    given = {o.name: params[o.param_name] for o in options.OPTIONS
+             if o.config and o.param_name is not None and o.param_name in params}
+    return config.BuildConfig(**given, version=run_version(context), as_of=snapshot_as_of(context))
 
 
 def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kwargs: Any) -> Any:

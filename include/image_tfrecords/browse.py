@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import DEFAULT_DESTINATION
 from .layout import LATEST, LEGACY_MANIFEST, MANIFEST, SUCCESS, is_name, manifest_uri, read_latest, version_key
 from .manifest import ordered_splits
+from .options import DEFAULT_DESTINATION
 from .storage import Storage, StorageError, StoreUnreachable, is_s3, join
 
 DESTINATION_ENV = "IMAGE_TFRECORDS_DESTINATION"

@@ -31,12 +31,12 @@ from .card_stats import (
     diff_versions,
     scan_rejects,
 )
+from .imaging import ImageOptions
 from .manifest import ordered_splits
 
 SAMPLE_CLASSES, CHART_CLASSES, LISTED_CLASSES, TOP_PAIRS = 50, 50, 100, 20
 # The image options of a build (manifest["image"]); a manifest from before them: images stored as read.
-IMAGE_DEFAULTS: dict[str, Any] = {"resize": "none", "fit": "crop", "upscale": False, "encoding": "original",
-                                  "jpeg_quality": 95, "channels": 0, "filter": "lanczos"}
+IMAGE_DEFAULTS: dict[str, Any] = ImageOptions().describe()
 _ENCODINGS = {"original": "original (as stored; a resized image is re-encoded in its own format)",
               "jpeg": "jpeg (every image encoded as JPEG)", "png": "png (every image encoded as lossless PNG)",
               "raw": "raw (uint8 pixels, height x width x channels, in image/raw with image/shape)"}

@@ -29,24 +29,12 @@ from typing import Any
 
 from . import layout, stages
 from .cleanup import clean_staging
-from .config import (
-    DEFAULT_CHUNK_FILES,
-    DEFAULT_CHUNK_MB,
-    DEFAULT_MAX_FILE_MB,
-    DEFAULT_SPLITS,
-    BuildConfig,
-    ConfigError,
-    check_location,
-    parse_columns,
-    parse_splits,
-)
+from .config import BuildConfig, ConfigError, check_location, parse_columns, parse_splits
 from .errors import BuildError, ImageTfrecordsError, LockHeld
-from .imaging import ENCODINGS, FITS
 from .locking import LeaseKeeper
-from .metadata import DEFAULT_SEPARATOR
+from .options import DEFAULT_SPLITS, IMAGES, OPTIONS, Option
 from .parallel import process_pool
 from .preflight import check_locations, check_temp_dir, os_error_line
-from .probe import MAX_PIXELS
 from .storage import Storage, is_s3, join
 
 PROG = "image-tfrecords"
@@ -79,60 +67,16 @@ def _parser() -> argparse.ArgumentParser:
                                      description="Turn folders of labelled images into TFRecord datasets.")
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="build, validate and publish a dataset version")
-    build.add_argument("--source", required=True, help="local folder or s3://bucket/prefix of images")
-    build.add_argument("--destination", required=True, help="local folder or s3://bucket/prefix")
-    build.add_argument("--dataset", required=True, help="dataset name (a folder under the destination)")
     build.add_argument("--version", help="version name (default: current UTC time, YYYYMMDDTHHMMSSZ)")
-    build.add_argument("--splits", default=",".join(f"{k}={v}" for k, v in DEFAULT_SPLITS.items()),
-                       help="split fractions, summing to 1 (default: %(default)s)")
-    build.add_argument("--salt", default="", help="string that seeds the split assignment (default: empty)")
-    build.add_argument("--shard-size-mb", type=float, default=100.0, help="target shard size in MB (default: 100)")
-    build.add_argument("--compression", choices=("none", "gzip"), default="none")
-    build.add_argument("--max-reject-fraction", type=float, default=0.2,
-                       help="fail, publishing nothing, if more than this share of files is rejected (default 0.2)")
     build.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="processes inspecting, writing and checking images (default: CPU count); the "
                             "output does not depend on it")
-    build.add_argument("--chunk-files", type=int, default=DEFAULT_CHUNK_FILES,
-                       help="files per inspection chunk, at most (default: %(default)d; the DAG runs one task "
-                            "per chunk); the output does not depend on it")
-    build.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_MB,
-                       help="source MB per inspection chunk, at most (default: %(default)g)")
-    build.add_argument("--as-of", help="only files modified at or before this ISO 8601 time (default: all)")
-    build.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB,
-                       help="reject larger files (too_large) without reading them (default: %(default)g)")
-    build.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
-                       help="reject images with more pixels (too_many_pixels) before decoding (default: %(default)d)")
-    build.add_argument("--force", action="store_true",
-                       help="build even when the source and params are unchanged since the previous version")
-    build.add_argument("--full", action="store_true",
-                       help="rebuild in full: reuse nothing of the previous version (inspections, shards); "
-                            "builds even when nothing changed")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     images = build.add_argument_group("images and features", "what each record stores (default: the image file "
                                       "as it is, one class)")
-    images.add_argument("--resize", default="none",
-                        help="none (default), longest:N, shortest:N or WxH (e.g. 224x224); Lanczos, never enlarges "
-                             "unless --upscale")
-    images.add_argument("--fit", choices=FITS, default="crop",
-                        help="how WxH is reached: crop (cover, cut the centre; default), pad (fit, pad with black) "
-                             "or stretch")
-    images.add_argument("--upscale", action="store_true", help="let --resize enlarge smaller images")
-    images.add_argument("--encoding", choices=ENCODINGS, default="original",
-                        help="original (default: byte for byte unless changed), jpeg, png, or raw (decoded uint8 "
-                             "pixels in image/raw with image/shape)")
-    images.add_argument("--jpeg-quality", type=int, default=95, help="JPEG quality 1-100 (default: 95)")
-    images.add_argument("--channels", type=int, default=0,
-                        help="0 (as decoded; raw: 3), 1 (grey), 3 (RGB) or 4 (RGBA)")
-    images.add_argument("--columns", default="",
-                        help="labels.csv columns to store as features, NAME=TYPE,... (types: string, int64, float, "
-                             "string_list, int64_list, float_list) or a JSON object")
-    images.add_argument("--no-modern-formats", dest="modern_formats", action="store_false",
-                        help="skip .heic/.heif/.hif/.avif/.jxl files (counted) and reject such bytes under other "
-                             "names, instead of decoding them")
-    images.add_argument("--label-separator", default=DEFAULT_SEPARATOR,
-                        help="separates the classes of a labels.csv 'labels' column and the items of list columns "
-                             "(default: |)")
+    for option in OPTIONS:
+        if option.cli_flag is not None:
+            _add_flag(images if option.section == IMAGES else build, option)
     clean = commands.add_parser("clean", help="remove the staging files of builds that never published")
     clean.add_argument("--destination", required=True, help="local folder or s3://bucket/prefix")
     clean.add_argument("--dataset", required=True, help="dataset name (a folder under the destination)")
@@ -144,6 +88,25 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--per-class", type=int, default=20)
     sample.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _add_flag(group: Any, option: Option) -> None:
+    """The command-line flag of a build option (``options.OPTIONS``): its help and default from the spec."""
+    flag, help_text = option.cli_flag, option.help.rstrip(".")
+    if option.kind == "boolean":
+        action = "store_false" if option.default else "store_true"
+        group.add_argument(flag, dest=option.name, action=action,
+                           help=f"turn off: {help_text[0].lower()}{help_text[1:]}" if option.default else help_text)
+        return
+    if option.required_flag:
+        group.add_argument(flag, dest=option.name, required=True, help=help_text)
+        return
+    shown = {"splits": ",".join(f"{k}={v}" for k, v in DEFAULT_SPLITS.items()), "columns": ""}
+    value = shown.get(option.name, option.default)
+    kind = {"number": float, "integer": int}.get(option.kind, str)
+    choices = option.choices if option.kind == "string" else None  # numbers: BuildConfig's one-line error
+    group.add_argument(flag, dest=option.name, type=kind, default=value, choices=choices,
+                       help=help_text + ("" if value in (None, "") else " (default: %(default)s)"))
 
 
 def _bars(enabled: bool) -> stages.ProgressFactory:
@@ -308,16 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "clean":
             return _clean(args)
-        cfg = BuildConfig(source=args.source, destination=args.destination, dataset=args.dataset,
-                          version=args.version or default_version(), splits=parse_splits(args.splits),
-                          salt=args.salt, shard_size_mb=args.shard_size_mb, compression=args.compression,
-                          max_reject_fraction=args.max_reject_fraction, as_of=args.as_of,
-                          max_file_mb=args.max_file_mb, max_pixels=args.max_pixels, full=args.full,
-                          chunk_files=args.chunk_files, chunk_mb=args.chunk_mb, resize=args.resize,
-                          fit=args.fit, upscale=args.upscale, encoding=args.encoding,
-                          jpeg_quality=args.jpeg_quality, channels=args.channels,
-                          columns=parse_columns(args.columns), label_separator=args.label_separator,
-                          modern_formats=args.modern_formats)
+        given = {o.name: getattr(args, o.name) for o in OPTIONS if o.config and o.cli_flag is not None}
+        cfg = BuildConfig(**{**given, "splits": parse_splits(args.splits), "columns": parse_columns(args.columns)},
+                          version=args.version or default_version())
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         started = time.perf_counter()

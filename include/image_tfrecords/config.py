@@ -13,17 +13,18 @@ from typing import Any
 from .errors import ConfigError
 from .imaging import ImageOptions, Resize, check_options, parse_resize
 from .layout import STAGING, is_name
-from .metadata import DEFAULT_SEPARATOR, TYPES, check_columns, check_separator
-from .probe import MAX_PIXELS
+from .metadata import TYPES, check_columns, check_separator
+from .options import (
+    DEFAULT_DATASET,
+    DEFAULT_DESTINATION,
+    DEFAULT_SPLITS,
+    checked_by_spec,
+    default,
+)
 from .storage import is_s3, join
-from .tfrecord import COMPRESSIONS
 
-DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
-DEFAULT_DESTINATION = "s3://datasets/image-tfrecords"  # the DAG's and the datasets page's default
-DEFAULT_DATASET = "images"
-DEFAULT_MAX_FILE_MB = 256.0
-DEFAULT_CHUNK_FILES = 2000  # files per inspection chunk (at most)
-DEFAULT_CHUNK_MB = 1000.0  # source MB per inspection chunk (at most)
+__all__ = ["DEFAULT_DATASET", "DEFAULT_DESTINATION", "DEFAULT_SPLITS", "BuildConfig", "ConfigError", "check_location",
+           "check_splits", "parse_columns", "parse_splits"]
 _OUTPUT_NEUTRAL = ("destination", "version", "as_of", "full", "chunk_files", "chunk_mb")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs:", "http:"
 
@@ -112,38 +113,36 @@ class BuildConfig:
     destination: str
     dataset: str
     version: str
-    splits: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_SPLITS))
-    salt: str = ""
-    shard_size_mb: float = 100.0
-    compression: str = "none"
-    max_reject_fraction: float = 0.2
-    as_of: str | None = None  # ISO 8601 time: only files modified at or before it (None: all)
-    max_file_mb: float = DEFAULT_MAX_FILE_MB  # larger files are rejected (too_large) before they are read
-    max_pixels: int = MAX_PIXELS  # larger images are rejected (too_many_pixels) before they are decoded
-    full: bool = False  # a full rebuild: reuse nothing of the previous version (inspections, shards)
+    splits: dict[str, float] = field(default_factory=lambda: default("splits"))
+    salt: str = default("salt")
+    shard_size_mb: float = default("shard_size_mb")
+    compression: str = default("compression")
+    max_reject_fraction: float = default("max_reject_fraction")
+    as_of: str | None = default("as_of")  # ISO 8601 time: only files modified at or before it (None: all)
+    max_file_mb: float = default("max_file_mb")  # larger files are rejected (too_large) before they are read
+    max_pixels: int = default("max_pixels")  # larger images are rejected (too_many_pixels) before they are decoded
+    full: bool = default("full")  # a full rebuild: reuse nothing of the previous version (inspections, shards)
     # how inspection is cut into chunks (one mapped task each in the DAG); never changes the output
-    chunk_files: int = DEFAULT_CHUNK_FILES
-    chunk_mb: float = DEFAULT_CHUNK_MB
+    chunk_files: int = default("chunk_files")
+    chunk_mb: float = default("chunk_mb")
     # image options (see ``imaging``): what each record stores
-    resize: str = "none"  # none | longest:N | shortest:N | WxH
-    fit: str = "crop"  # with WxH: crop | pad | stretch
-    upscale: bool = False
-    encoding: str = "original"  # original | jpeg | png | raw
-    jpeg_quality: int = 95
-    channels: int = 0  # 0: as decoded (raw: 3) | 1 | 3 | 4
+    resize: str = default("resize")  # none | longest:N | shortest:N | WxH
+    fit: str = default("fit")  # with WxH: crop | pad | stretch
+    upscale: bool = default("upscale")
+    encoding: str = default("encoding")  # original | jpeg | png | raw
+    jpeg_quality: int = default("jpeg_quality")
+    channels: int = default("channels")  # 0: as decoded (raw: 3) | 1 | 3 | 4
     # labels.csv columns stored as features (name -> type, see ``metadata``), and the separator of a
     # multi-label ``labels`` column and of list columns
-    columns: dict[str, str] = field(default_factory=dict)
-    label_separator: str = DEFAULT_SEPARATOR
-    modern_formats: bool = True  # HEIC/HEIF, AVIF, JPEG XL: decoded (True) or skipped by name, rejected by bytes
+    columns: dict[str, str] = field(default_factory=lambda: default("columns"))
+    label_separator: str = default("label_separator")
+    modern_formats: bool = default("modern_formats")  # HEIC/HEIF, AVIF, JPEG XL: decoded, or skipped and rejected
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "resize", str(parse_resize(self.resize)))
         check_options(self.image_options)
         object.__setattr__(self, "columns", check_columns(self.columns))
         check_separator(self.label_separator)
-        if not isinstance(self.modern_formats, bool):
-            raise ConfigError(f"modern_formats must be true or false, not {self.modern_formats!r}")
         object.__setattr__(self, "splits", check_splits(self.splits))
         for what in ("source", "destination"):
             check_location(what, getattr(self, what))
@@ -153,34 +152,14 @@ class BuildConfig:
                 raise ConfigError(f"{what} {value!r} must start with a letter or digit and use only "
                                   "(at most 200) "
                                   "letters, digits, '.', '_' or '-'")
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {self.compression!r}")
-        if isinstance(self.shard_size_mb, bool) or not isinstance(self.shard_size_mb, int | float) \
-                or not 0 < self.shard_size_mb <= 4096:
-            raise ConfigError(f"shard_size_mb must be a number in (0, 4096], not {self.shard_size_mb!r}")
+        for option in checked_by_spec():  # types, bounds and choices, one shape for all
+            option.check(getattr(self, option.name))
         if self.as_of is not None:
             try:
                 if datetime.fromisoformat(self.as_of).tzinfo is None:
                     raise ValueError
             except (TypeError, ValueError):
                 raise ConfigError(f"as_of must be an ISO 8601 time with a time zone, not {self.as_of!r}") from None
-        if isinstance(self.max_reject_fraction, bool) or not isinstance(self.max_reject_fraction, int | float) \
-                or not 0 <= self.max_reject_fraction <= 1:
-            raise ConfigError(f"max_reject_fraction must be a number in [0, 1], not {self.max_reject_fraction!r}")
-        if isinstance(self.max_file_mb, bool) or not isinstance(self.max_file_mb, int | float) \
-                or not 0 < self.max_file_mb <= 1_000_000:
-            raise ConfigError(f"max_file_mb must be a number in (0, 1000000], not {self.max_file_mb!r}")
-        if not isinstance(self.full, bool):
-            raise ConfigError(f"full must be true or false, not {self.full!r}")
-        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) \
-                or not 1 <= self.max_pixels <= 1_000_000_000:
-            raise ConfigError(f"max_pixels must be a whole number in [1, 1000000000], not {self.max_pixels!r}")
-        if isinstance(self.chunk_files, bool) or not isinstance(self.chunk_files, int) \
-                or not 1 <= self.chunk_files <= 10_000_000:
-            raise ConfigError(f"chunk_files must be a whole number in [1, 10000000], not {self.chunk_files!r}")
-        if isinstance(self.chunk_mb, bool) or not isinstance(self.chunk_mb, int | float) \
-                or not 0 < self.chunk_mb <= 1_000_000:
-            raise ConfigError(f"chunk_mb must be a number in (0, 1000000], not {self.chunk_mb!r}")
         resize = self.image_options.resize  # a record bigger than max_pixels would be made for every image
         largest = resize.width * (resize.height if resize.kind == "exact" else resize.width)
         if resize.kind in ("exact", "longest") and largest > self.max_pixels and \

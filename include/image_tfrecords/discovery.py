@@ -25,7 +25,8 @@ from typing import Any
 from .documents import read_rows
 from .errors import BuildError
 from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
-from .metadata import DEFAULT_SEPARATOR, BadValue, label_set, normal_value
+from .metadata import BadValue, label_set, normal_value
+from .options import DEFAULT_SEPARATOR
 from .storage import FileInfo, Storage, StorageError, is_s3, join
 
 LABELS_FILE = "labels.csv"

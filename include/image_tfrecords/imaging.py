@@ -36,11 +36,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import ConfigError
+from .options import BY_NAME, CHANNELS, default
 
 RESIZE_KINDS = ("none", "longest", "shortest", "exact")
-FITS = ("crop", "pad", "stretch")
-ENCODINGS = ("original", "jpeg", "png", "raw")
-CHANNELS = (0, 1, 3, 4)
 FILTER = "lanczos"
 MAX_SIDE = 65_500  # the largest side a JPEG can have (libjpeg's JPEG_MAX_DIMENSION)
 _RESIZE = re.compile(r"^(?:(longest|shortest):(\d+)|(\d+)x(\d+))$")
@@ -86,11 +84,11 @@ class ImageOptions:
     """The image options of a build (``BuildConfig.image_options``)."""
 
     resize: Resize = Resize()
-    fit: str = "crop"
-    upscale: bool = False
-    encoding: str = "original"
-    jpeg_quality: int = 95
-    channels: int = 0
+    fit: str = default("fit")
+    upscale: bool = default("upscale")
+    encoding: str = default("encoding")
+    jpeg_quality: int = default("jpeg_quality")
+    channels: int = default("channels")
 
     @property
     def is_default(self) -> bool:
@@ -105,17 +103,10 @@ class ImageOptions:
 
 def check_options(opts: ImageOptions) -> None:
     """ConfigError for values or combinations that cannot work."""
-    if opts.fit not in FITS:
-        raise ConfigError(f"fit must be one of {', '.join(FITS)}, not {opts.fit!r}")
-    if opts.encoding not in ENCODINGS:
-        raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}, not {opts.encoding!r}")
+    for name in ("fit", "encoding", "jpeg_quality", "upscale"):
+        BY_NAME[name].check(getattr(opts, name))
     if type(opts.channels) is not int or opts.channels not in CHANNELS:
         raise ConfigError(f"channels must be 0 (as decoded), 1 (grey), 3 (RGB) or 4 (RGBA), not {opts.channels!r}")
-    if isinstance(opts.jpeg_quality, bool) or not isinstance(opts.jpeg_quality, int) \
-            or not 1 <= opts.jpeg_quality <= 100:
-        raise ConfigError(f"jpeg_quality must be a whole number in [1, 100], not {opts.jpeg_quality!r}")
-    if not isinstance(opts.upscale, bool):
-        raise ConfigError(f"upscale must be true or false, not {opts.upscale!r}")
     if opts.fit != "crop" and opts.resize.kind != "exact":
         raise ConfigError(f"fit {opts.fit} applies to a WxH resize only, not to resize {opts.resize}")
     if opts.encoding == "jpeg" and opts.channels == 4:

@@ -32,7 +32,7 @@ from .discovery import DISCOVERED_FIELDS
 from .documents import raw_rows, read_rows
 from .imaging import ImageOptions
 from .manifest import RecordSchema
-from .metadata import DEFAULT_SEPARATOR
+from .options import DEFAULT_SEPARATOR
 from .storage import Storage, join
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject

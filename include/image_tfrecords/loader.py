@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import NotPublishedError, ShardChecksumError
 from .layout import LABELS, read_manifest
 from .layout import resolve as _resolve
+from .manifest import IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
 from .storage import Storage, is_s3, join, sha256_file, split_s3
 
 if TYPE_CHECKING:
@@ -37,8 +38,6 @@ __all__ = ["AUTOTUNE", "NotPublishedError", "ShardChecksumError", "compression_t
            "image_shape", "info", "label_names", "labels", "load_split", "resolve", "shard_files"]
 
 AUTOTUNE = -1  # tf.data.AUTOTUNE, without importing TensorFlow
-IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"
-RAW_KEY, SHAPE_KEY = "image/raw", "image/shape"  # raw pixels (uint8, row-major H x W x C) and [h, w, c]
 DECODED_KEY = "image"  # the decoded image in ``as_dict`` mode (in place of the encoded bytes)
 SHUFFLE_MEMORY = 256 * 2**20  # shuffle=True: a buffer of as many encoded records as fit in this...
 MIN_SHUFFLE = 1_000  # ...but at least this many (or the whole split)

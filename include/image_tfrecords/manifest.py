@@ -6,19 +6,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .metadata import DEFAULT_SEPARATOR, feature_entry, feature_value
+from .metadata import feature_entry, feature_value
+from .options import DEFAULT_SEPARATOR
 
+# The tf.train.Example keys, named once: the writer, the checks, the loader and TFDS's metadata use these.
+IMAGE_KEY, FORMAT_KEY, HEIGHT_KEY, WIDTH_KEY, CHANNELS_KEY = (
+    "image/encoded", "image/format", "image/height", "image/width", "image/channels")
+LABEL_KEY, TEXT_KEY, FILENAME_KEY, SHA256_KEY = (
+    "image/class/label", "image/class/text", "image/filename", "image/sha256")
+RAW_KEY, SHAPE_KEY = "image/raw", "image/shape"  # raw pixels (uint8, row-major H x W x C) and [h, w, c]
 # key -> dtype, as in the contract; every feature is a scalar (shape []).
 FEATURES: dict[str, str] = {
-    "image/encoded": "string",
-    "image/format": "string",
-    "image/height": "int64",
-    "image/width": "int64",
-    "image/channels": "int64",
-    "image/class/label": "int64",
-    "image/class/text": "string",
-    "image/filename": "string",
-    "image/sha256": "string",
+    IMAGE_KEY: "string",
+    FORMAT_KEY: "string",
+    HEIGHT_KEY: "int64",
+    WIDTH_KEY: "int64",
+    CHANNELS_KEY: "int64",
+    LABEL_KEY: "int64",
+    TEXT_KEY: "string",
+    FILENAME_KEY: "string",
+    SHA256_KEY: "string",
 }
 
 # A record's row: what its tf.train.Example holds (and how its image was taken from the file).
@@ -51,17 +58,17 @@ class RecordSchema:
 
     @property
     def image_key(self) -> str:
-        return "image/raw" if self.raw else "image/encoded"
+        return RAW_KEY if self.raw else IMAGE_KEY
 
     def features(self) -> dict[str, dict[str, Any]]:
         """The manifest's ``features``: key -> dtype and shape (``[]`` one value, ``[None]`` any number)."""
         spec = {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURES.items()}
         if self.raw:
-            del spec["image/encoded"]
-            spec["image/raw"] = {"dtype": "string", "shape": []}
-            spec["image/shape"] = {"dtype": "int64", "shape": [3]}
+            del spec[IMAGE_KEY]
+            spec[RAW_KEY] = {"dtype": "string", "shape": []}
+            spec[SHAPE_KEY] = {"dtype": "int64", "shape": [3]}
         if self.multi_label:
-            spec["image/class/label"]["shape"] = spec["image/class/text"]["shape"] = [None]
+            spec[LABEL_KEY]["shape"] = spec[TEXT_KEY]["shape"] = [None]
         for name, kind in self.columns:
             spec[name] = feature_entry(kind)
         return spec
@@ -72,21 +79,21 @@ def example_features(row: dict[str, str], encoded: bytes, schema: RecordSchema =
     height, width, channels = int(row["height"]), int(row["width"]), int(row["channels"])
     features: dict[str, Any] = {
         schema.image_key: encoded,
-        "image/format": row["format"].encode(),
-        "image/height": height,
-        "image/width": width,
-        "image/channels": channels,
-        "image/filename": row["filename"].encode(),
-        "image/sha256": row["sha256"].encode(),
+        FORMAT_KEY: row["format"].encode(),
+        HEIGHT_KEY: height,
+        WIDTH_KEY: width,
+        CHANNELS_KEY: channels,
+        FILENAME_KEY: row["filename"].encode(),
+        SHA256_KEY: row["sha256"].encode(),
     }
     if schema.raw:
-        features["image/shape"] = [height, width, channels]
+        features[SHAPE_KEY] = [height, width, channels]
     if schema.multi_label:
-        features["image/class/label"] = [int(i) for i in row["label_id"].split(schema.separator)]
-        features["image/class/text"] = [name.encode() for name in row["label"].split(schema.separator)]
+        features[LABEL_KEY] = [int(i) for i in row["label_id"].split(schema.separator)]
+        features[TEXT_KEY] = [name.encode() for name in row["label"].split(schema.separator)]
     else:
-        features["image/class/label"] = int(row["label_id"])
-        features["image/class/text"] = row["label"].encode()
+        features[LABEL_KEY] = int(row["label_id"])
+        features[TEXT_KEY] = row["label"].encode()
     for name, kind in schema.columns:
         features[name] = feature_value(kind, row[name], schema.separator)
     return features

@@ -32,7 +32,6 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
 RESERVED = frozenset({"image", "filename", "label", "labels", "label_id", "split", "sha256", "width", "height",
                       "channels", "format", "num_bytes", "source_format", "transform", "encoded_sha256",
                       "encoded_bytes", "shard", "shard_position"})
-DEFAULT_SEPARATOR = "|"
 _INT64 = range(-(1 << 63), 1 << 63)
 _FLOAT32_MAX = 3.4028234663852886e38
 

@@ -56,6 +56,7 @@ from typing import Any
 from .errors import RejectedImage
 from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
+from .options import MAX_PIXELS
 from .png_stream import check_png_stream
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
@@ -65,7 +66,6 @@ _PNG_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "LA": 2, "RGB": 
 _PNG_KEEP = frozenset({"1", "L", "LA", "RGB", "RGBA", "P", "I;16", "I;16B"})
 _PNG_CONVERT = {"CMYK": "RGB", "YCbCr": "RGB", "PA": "RGBA", "La": "LA", "RGBa": "RGBA", "RGBX": "RGB"}
 MODERN_FORMATS = frozenset({"heif", "avif", "jxl"})  # decoded by plugins; off with modern_formats false
-MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
 JPEG_QUALITY = 95
 _ORIENTATION = 0x0112
 

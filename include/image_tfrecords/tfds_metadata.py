@@ -53,11 +53,9 @@ import json
 from typing import Any
 
 from .loader import image_shape
-from .manifest import FEATURES
+from .manifest import FEATURES, IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
 
 TFDS_VERSION = "1.0.0"
-IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"
-RAW_KEY, SHAPE_KEY = "image/raw", "image/shape"
 LABELS_FILE = LABEL_KEY.replace("/", ".") + ".labels.txt"  # features.convert_feature_name_to_filename
 TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.tfrecord"
 _MODULE = "tensorflow_datasets.core.features."

@@ -15,10 +15,11 @@ from typing import BinaryIO
 
 import google_crc32c
 
+from .options import COMPRESSIONS
+
 _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
-COMPRESSIONS = ("none", "gzip")
 
 
 class CorruptRecordError(ValueError):

@@ -26,7 +26,7 @@ from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
 from ..example import decode_example
 from ..incremental import INSPECTOR
-from ..manifest import RecordSchema, example_features
+from ..manifest import FILENAME_KEY, RecordSchema, example_features
 from ..parallel import batched_map
 from ..progress import summarized
 from ..storage import HashingReader, Storage
@@ -173,7 +173,7 @@ def record_facts(schema: RecordSchema, shard: str, item: tuple[int, bytes], head
         if (shape == [] and len(values) != 1) or (shape and shape[0] is not None and len(values) != shape[0]) \
                 or not all(isinstance(v, kinds[feature["dtype"]]) for v in values):
             raise BuildError(f"{where}: {key} is not {feature['dtype']} of shape {shape}")
-    name = example["image/filename"][0].decode("utf-8", "surrogateescape")  # type: ignore[union-attr]
+    name = example[FILENAME_KEY][0].decode("utf-8", "surrogateescape")  # type: ignore[union-attr]
     image = example[schema.image_key][0]
     values = {key: example[key][0] if spec[key]["shape"] == [] else example[key] for key in spec
               if key != schema.image_key}

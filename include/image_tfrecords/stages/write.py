@@ -24,7 +24,7 @@ from ..errors import BuildError
 from ..example import decode_example, encode_example
 from ..imaging import record_image
 from ..incremental import FULL_REBUILD
-from ..manifest import RecordSchema, example_features
+from ..manifest import FILENAME_KEY, RecordSchema, example_features
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
 from ..probe import RejectedImage
 from ..progress import ProgressLog
@@ -240,4 +240,4 @@ def rewrite_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[s
 
 def _filename_of(record: bytes) -> str:
     """The ``image/filename`` of a serialized record."""
-    return decode_example(record)["image/filename"][0].decode()  # type: ignore[union-attr]
+    return decode_example(record)[FILENAME_KEY][0].decode()  # type: ignore[union-attr]

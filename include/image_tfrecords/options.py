@@ -1,0 +1,234 @@
+"""Every build option, declared once: name, type, default, bounds, help and where it shows.
+
+The command line's flags (``cli``), the DAG's trigger-form Params (``airflow_glue.dag_params``),
+``BuildConfig``'s defaults and range checks (``config``) and the params table of docs/dag.md are all
+made from ``OPTIONS``; an option is added here and nowhere else (plus what it does). The values an
+option may take (``FITS``, ``ENCODINGS``, ...) live here too, so that the modules implementing them
+and the checks share one list. Nothing here imports anything heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+FITS = ("crop", "pad", "stretch")
+ENCODINGS = ("original", "jpeg", "png", "raw")
+CHANNELS = (0, 1, 3, 4)
+COMPRESSIONS = ("none", "gzip")
+MAX_PIXELS = 89_478_485  # Pillow's default decompression-bomb limit
+DEFAULT_SEPARATOR = "|"
+DEFAULT_SPLITS = {"train": 0.8, "validation": 0.1, "test": 0.1}
+DEFAULT_DESTINATION = "s3://datasets/image-tfrecords"  # the DAG's and the datasets page's default
+DEFAULT_DATASET = "images"
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}"  # dataset, version and split names (layout.is_name)
+RESIZE_PATTERN = r"^(none|(longest|shortest):[0-9]+|[0-9]+x[0-9]+)$"
+
+INPUT, OUTPUT, SPLITS, BUILD, BAD_INPUT, IMAGES = ("Input", "Output", "Splits", "Build", "Bad input",
+                                                   "Images and features")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. ``kind``: its JSON-schema type (``string``, ``number``, ``integer``, ``boolean``,
+    ``object``). ``flag``: the command line's (None: not a flag; ``--no-X`` for a boolean that is on by
+    default); ``param``: the DAG's Param name (None: no Param); ``config``: False for an option that is
+    not a ``BuildConfig`` field (``force``, ``workers``)."""
+
+    name: str
+    kind: str
+    default: Any
+    title: str
+    help: str
+    section: str
+    flag: str | None = ""  # "": --name-with-dashes
+    param: str | None = ""  # "": the option's name
+    config: bool = True
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[Any, ...] | None = None
+    pattern: str | None = None
+    nullable: bool = False
+    required_flag: bool = False  # the command line has no default for it
+    env: str | None = None  # the environment variable that sets the DAG's default (Docker Compose sets them)
+
+    def dag_default(self) -> Any:
+        """The DAG's default: ``env``'s value where it is set, else ``default``."""
+        value = os.environ.get(self.env) if self.env else None
+        return value if value else default(self.name)
+
+    @property
+    def cli_flag(self) -> str | None:
+        if self.flag is None:
+            return None
+        if self.flag:
+            return self.flag
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def param_name(self) -> str | None:
+        return None if self.param is None else (self.param or self.name)
+
+    def bounds(self) -> str:
+        """``(0, 4096]``-style interval of a number option ("" if unbounded)."""
+        if self.minimum is None and self.maximum is None:
+            return ""
+        low = "(" if self.exclusive_minimum else "["
+        return f"{low}{_num(self.minimum)}, {_num(self.maximum)}]"
+
+    def check(self, value: Any) -> Any:
+        """``value`` if it has this option's type and lies in its bounds and choices; else ConfigError
+        in one line (``shard_size_mb must be a number in (0, 4096], not 0``)."""
+        if value is None and self.nullable:
+            return value
+        kind_ok = {
+            "boolean": isinstance(value, bool),
+            "integer": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, int | float) and not isinstance(value, bool),
+            "string": isinstance(value, str),
+            "object": isinstance(value, dict),
+        }[self.kind]
+        if self.choices is not None and (not kind_ok or value not in self.choices):
+            raise ConfigError(f"{self.name} must be one of {', '.join(map(str, self.choices))}, not {value!r}")
+        if self.kind == "boolean" and not kind_ok:
+            raise ConfigError(f"{self.name} must be true or false, not {value!r}")
+        if self.kind in ("integer", "number") and not (kind_ok and self._within(value)):
+            what = "a whole number" if self.kind == "integer" else "a number"
+            where = f" in {self.bounds()}" if self.bounds() else ""
+            raise ConfigError(f"{self.name} must be {what}{where}, not {value!r}")
+        return value
+
+    def _within(self, value: float) -> bool:
+        if self.minimum is not None and (value <= self.minimum if self.exclusive_minimum else value < self.minimum):
+            return False
+        return self.maximum is None or value <= self.maximum
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON-schema keywords of the DAG's Param (type, bounds, enum, pattern)."""
+        out: dict[str, Any] = {"type": [self.kind, "null"] if self.nullable else self.kind}
+        if self.minimum is not None:
+            out["exclusiveMinimum" if self.exclusive_minimum else "minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        if self.choices is not None:
+            out["enum"] = list(self.choices)
+        if self.pattern is not None:
+            out["pattern"] = self.pattern
+        if self.kind == "string" and self.name in ("source", "destination"):
+            out["minLength"] = 1
+        if self.name == "label_separator":
+            out["minLength"] = out["maxLength"] = 1
+        return out
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("source", "string", "/opt/airflow/data/sample", "Source",
+           "Local folder or s3://bucket/prefix holding one folder per class (or a labels.csv with columns "
+           "filename,label).", INPUT, required_flag=True, env="IMAGE_TFRECORDS_SOURCE"),
+    Option("destination", "string", DEFAULT_DESTINATION, "Destination",
+           "Local folder or s3://bucket/prefix; the dataset is published under DESTINATION/DATASET/VERSION/.",
+           OUTPUT, required_flag=True, env="IMAGE_TFRECORDS_DESTINATION"),
+    Option("dataset", "string", DEFAULT_DATASET, "Dataset name",
+           "Folder name of the dataset under the destination.", OUTPUT, pattern=f"^{NAME_PATTERN}$",
+           required_flag=True, env="IMAGE_TFRECORDS_DATASET"),
+    Option("splits", "object", DEFAULT_SPLITS, "Splits",
+           "Split name -> fraction of images; fractions must sum to 1. Changing them reassigns images.", SPLITS),
+    Option("salt", "string", "", "Split salt",
+           "Seeds the split assignment; keep it fixed so images never move.", SPLITS),
+    Option("shard_size_mb", "number", 100.0, "Shard size (MB)",
+           "Target size of each TFRecord shard, in MB (10^6 bytes).", BUILD,
+           minimum=0, exclusive_minimum=True, maximum=4096),
+    Option("compression", "string", "none", "Compression",
+           "none writes .tfrecord files; gzip writes .tfrecord.gz.", BUILD, choices=COMPRESSIONS),
+    Option("max_reject_fraction", "number", 0.2, "Max reject share",
+           "Fail before publishing if more than this share of the files is rejected (corrupt, duplicate, "
+           "unsupported...).", BUILD, minimum=0, maximum=1),
+    Option("max_file_mb", "number", 256.0, "Max file size (MB)",
+           "Files larger than this are rejected (too_large) without being read.", BAD_INPUT,
+           minimum=0, exclusive_minimum=True, maximum=1_000_000),
+    Option("max_pixels", "integer", MAX_PIXELS, "Max pixels per image",
+           "Images with more pixels are rejected (too_many_pixels) before decoding; lower it to bound a "
+           "worker's memory (about 8 bytes per pixel at worst).", BAD_INPUT, minimum=1, maximum=1_000_000_000),
+    Option("force", "boolean", False, "Rebuild even if unchanged",
+           "Build and publish even when the source listing and params are the same as the previous published "
+           "version's (otherwise the run skips the work).", BUILD, config=False),
+    Option("full", "boolean", False, "Full rebuild",
+           "Reuse nothing of the previous version: re-read every image and rewrite every shard (also compacts "
+           "the shards); builds even when unchanged.", BUILD, param="full_rebuild"),
+    Option("chunk_files", "integer", 2000, "Files per inspection task",
+           "Inspection runs as one mapped task per chunk of at most this many files (raised when there would be "
+           "more than 1024 chunks). Never changes the output.", BUILD, minimum=1, maximum=10_000_000),
+    Option("chunk_mb", "number", 1000.0, "MB per inspection task",
+           "... or at most this many MB of source files.", BUILD,
+           minimum=0, exclusive_minimum=True, maximum=1_000_000),
+    Option("resize", "string", "none", "Resize",
+           "none (default), longest:N, shortest:N or WxH (e.g. 224x224). Lanczos filter; images are never "
+           "enlarged unless Upscale is on.", IMAGES, pattern=RESIZE_PATTERN),
+    Option("fit", "string", "crop", "Fit (for WxH)",
+           "crop: cover WxH and cut the centre; pad: fit inside and pad with black; stretch: ignore the aspect "
+           "ratio.", IMAGES, choices=FITS),
+    Option("upscale", "boolean", False, "Upscale", "Let Resize enlarge images smaller than the target.", IMAGES),
+    Option("encoding", "string", "original", "Encoding",
+           "original: the file byte for byte unless resized or converted; jpeg: every image re-encoded at the "
+           "JPEG quality; png: lossless; raw: decoded uint8 pixels (image/raw with image/shape), so training "
+           "skips decoding.", IMAGES, choices=ENCODINGS),
+    Option("jpeg_quality", "integer", 95, "JPEG quality", "Quality of re-encoded JPEGs (1-100).", IMAGES,
+           minimum=1, maximum=100),
+    Option("channels", "integer", 0, "Channels",
+           "0: as decoded (raw: 3); 1: grey; 3: RGB; 4: RGBA (not with jpeg).", IMAGES, choices=CHANNELS),
+    Option("columns", "object", {}, "Metadata columns",
+           'labels.csv columns stored as features, name -> type, e.g. {"caption": "string", "weight": "float", '
+           '"tags": "string_list"}; types: string, int64, float, string_list, int64_list, float_list. A bad value '
+           "rejects its image.", IMAGES),
+    Option("label_separator", "string", DEFAULT_SEPARATOR, "Label separator",
+           "Separates the classes of a labels.csv 'labels' column (several classes per image) and the items of "
+           "list columns.", IMAGES),
+    Option("modern_formats", "boolean", True, "HEIC, AVIF and JPEG XL",
+           "Decode HEIC/HEIF, AVIF and JPEG XL photos (stored as lossless PNG or the chosen encoding); off: their "
+           "files are skipped and counted.", INPUT, flag="--no-modern-formats"),
+    Option("as_of", "string", None, "As of",
+           "Only files modified at or before this ISO 8601 time (default: all).", INPUT, param=None, nullable=True),
+    Option("version", "string", None, "Version (optional)",
+           "Override the version name; empty means the run's logical date.", OUTPUT, nullable=True,
+           flag=None, config=False),
+)
+
+BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def default(name: str) -> Any:
+    """The default of option ``name`` (a fresh copy of a dict default)."""
+    value = BY_NAME[name].default
+    return dict(value) if isinstance(value, dict) else value
+
+
+def checked_by_spec() -> Iterator[Option]:
+    """The ``BuildConfig`` fields whose type, bounds and choices ``Option.check`` decides alone (the others
+    have checks of their own: locations, names, splits, resize, columns, separator, image options)."""
+    return (o for o in OPTIONS if o.config and (o.kind in ("number", "integer", "boolean") or o.name == "compression")
+            and o.name not in ("jpeg_quality", "channels", "upscale"))
+
+
+def params_table() -> str:
+    """docs/dag.md's table of the DAG's params (name, default, meaning), from ``OPTIONS``."""
+    rows = ["| Param | Default | Meaning |", "|---|---|---|"]
+    for o in OPTIONS:
+        if o.param_name is None:
+            continue
+        value = o.default
+        shown = ("none" if value is None else str(value).lower() if isinstance(value, bool)
+                 else _num(value) if isinstance(value, int | float) else
+                 json.dumps(value) if isinstance(value, dict) else value or '""')
+        shown = f"`{shown}`" + (f" (or `${o.env}`)" if o.env else "")
+        rows.append(f"| `{o.param_name}` | {shown} | {o.help} |".replace("`|`", "`\\|`"))
+    return "\n".join(rows)
