@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench lock clean docs
+.PHONY: install demo ui test lint bench lock clean docs
 
 install: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 demo: install
 	$(PY) tools/demo.py
+
+# The Airflow UI with this DAG and the datasets page, without Docker: a local S3 server and
+# `airflow standalone` (it prints the URL and the admin password; Ctrl-C stops everything).
+ui: install
+	$(PY) tools/ui.py
 
 # The generated parts of docs/ (the DAG's params table, from include/image_tfrecords/options.py).
 docs: install
@@ -59,4 +64,4 @@ lock:
 	$(UV_COMPILE) --output-file requirements-dev.txt requirements-dev.in
 
 clean:
-	rm -rf .demo .pytest_cache .ruff_cache
+	rm -rf .demo .ui .pytest_cache .ruff_cache

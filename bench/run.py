@@ -674,7 +674,7 @@ def label_rows(version: Path) -> list[dict[str, str]]:
 
 def full_shard_count(rows: list[dict[str, str]], shard_size_mb: float) -> int:
     """The shards a full build of these records makes (``planning.shard_count`` per split)."""
-    from image_tfrecords import planning
+    from image_tfrecords.rules import shards as planning
 
     sizes: dict[str, list[int]] = {}
     for row in rows:
@@ -755,7 +755,8 @@ def s3_night(corpus: Path, extras: Path, work: Path, counts: dict[str, int], sha
     from tools import seaweedfs
 
     nights = Nights(corpus, extras, work / "incremental-s3", shard_size_mb)
-    server = seaweedfs.start(str(nights.folder / "seaweedfs"))
+    data = tempfile.mkdtemp(prefix="bench-s3-")  # short: SeaweedFS's unix socket path must fit in 108 bytes
+    server = seaweedfs.start(data)
     try:
         server.create_bucket("bench")
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **server.env()}
@@ -773,6 +774,7 @@ def s3_night(corpus: Path, extras: Path, work: Path, counts: dict[str, int], sha
             print(f"  S3 destination, {name}: {run.seconds:.2f} s", flush=True)
     finally:
         seaweedfs.stop(server)
+        shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(nights.folder, ignore_errors=True)
     runs["speedup"] = runs["full"]["seconds"] / runs["incremental"]["seconds"]
     return runs
@@ -1021,7 +1023,7 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
             lines.append(f"Compaction on night {chain[i]['night']:02d}: {chain[i - 1]['shards']} shards the night "
                          f"before, {chain[i]['shards']} after.")
         if not compactions:
-            from image_tfrecords.incremental import COMPACTION_FACTOR
+            from image_tfrecords.rules.base_version import COMPACTION_FACTOR
 
             counts = [r["shards"] for r in chain[1:]]
             lines.append(f"No compaction in {len(chain) - 1} nights: {min(counts)} to {max(counts)} shards, "

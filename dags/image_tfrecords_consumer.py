@@ -33,9 +33,9 @@ def image_tfrecords_consumer() -> None:
     @task
     def summarize_new_version() -> dict[str, Any]:
         """Read the published manifest named by the triggering event and log what it holds."""
-        from image_tfrecords import layout
         from image_tfrecords.airflow_glue import airflow_storage  # the S3 client of the aws_default connection
         from image_tfrecords.options import BY_NAME
+        from image_tfrecords.published import layout
         from image_tfrecords.storage import join
 
         context = get_current_context()

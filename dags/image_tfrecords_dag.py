@@ -212,7 +212,7 @@ def image_tfrecords() -> None:
     @teardown
     def clean_stale_staging() -> dict[str, Any]:
         """Remove the staging of other versions that never published (older than the grace period)."""
-        from image_tfrecords.cleanup import clean_staging
+        from image_tfrecords.published.cleanup import clean_staging
 
         return _run(clean_staging)
 

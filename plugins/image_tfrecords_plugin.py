@@ -1,7 +1,7 @@
 """Airflow plugin: a "TFRecord datasets" page in the UI's navigation, listing published datasets.
 
 The page is the read-only FastAPI app of ``image_tfrecords_ui`` (logic in
-``include/image_tfrecords/browse.py``), mounted at ``/image-tfrecords`` and embedded in the UI by
+``include/image_tfrecords/readers/browse.py``), mounted at ``/image-tfrecords`` and embedded in the UI by
 an external view with a ``url_route``. The app is built only when the API server asks for it, so
 schedulers, DAG processors and workers that load plugins never import FastAPI for it.
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords.sample import make_sample
+from image_tfrecords.images.sample import make_sample
 from image_tfrecords.storage import Storage
 from tools import seaweedfs
 

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
-from image_tfrecords import card_render
-from image_tfrecords.card import PreviousVersion, build_card
-from image_tfrecords.card_stats import SCAN_FILE, LabelScan
-from image_tfrecords.manifest import LABELS_FIELDS, feature_spec
+from image_tfrecords.card.sections import PreviousVersion, build_card
+from image_tfrecords.card.sections import render as card_render
+from image_tfrecords.card.stats import SCAN_FILE, LabelScan
+from image_tfrecords.records.schema import LABELS_FIELDS, feature_spec
 from tests.test_cli import run_cli
 
 Row = dict[str, str]
@@ -423,7 +423,7 @@ def test_multi_label_top_pairs_and_label_set_sizes() -> None:
 
 
 def test_pairs_among_the_most_frequent_classes_when_there_are_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    from image_tfrecords import card
+    from image_tfrecords.card.sections import sections as card
 
     monkeypatch.setattr(card, "PAIR_CLASSES", 2)
     rows, images = multi_label_rows()  # cats 6, dogs 5, owls 4 records
@@ -598,7 +598,7 @@ def test_card_of_a_real_second_build_shows_the_changes(two_builds: tuple[Path, P
 
 
 def test_chart_ticks_are_round_and_cover_the_data() -> None:
-    from image_tfrecords.card_plot import nice_ticks
+    from image_tfrecords.card.plot import nice_ticks
 
     assert nice_ticks(898) == [0, 200, 400, 600, 800, 1000]
     assert nice_ticks(3) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
@@ -609,7 +609,7 @@ def test_chart_ticks_are_round_and_cover_the_data() -> None:
 
 
 def test_charts_draw_every_class_and_are_deterministic() -> None:
-    from image_tfrecords.card_plot import COLOURS, records_chart, shards_chart
+    from image_tfrecords.card.plot import COLOURS, records_chart, shards_chart
 
     classes = [f"class {i}" for i in range(50)]
     counts = {(c, s): 1 + i for i, c in enumerate(classes) for s in ("train", "test")}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords.sample import make_sample
+from image_tfrecords.images.sample import make_sample
 from image_tfrecords.storage import Storage
 from tests.test_cli import assert_matches_source
 from tests.tf_reader import read_version
@@ -203,7 +203,7 @@ def test_secret_never_in_task_logs_or_published_files(airflow_env: dict[str, str
 
 def test_dag_runs_of_one_version_exclude_each_other_and_stale_staging_is_cleaned(
         airflow_env: dict[str, str], s3_server: S3Server, s3_source: str, bucket: str, s3_storage: Storage) -> None:
-    from image_tfrecords import locking
+    from image_tfrecords.published import locking
 
     root = f"s3://{bucket}/datasets/shapes"
     conf = {"source": s3_source, "destination": f"s3://{bucket}/datasets", "dataset": "shapes", "version": "v7"}

@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from image_tfrecords import cli, layout, stages
-from image_tfrecords.documents import read_json
+from image_tfrecords import cli, stages
+from image_tfrecords.published import layout
+from image_tfrecords.records.tfds_metadata import tfds_metadata_files
 from image_tfrecords.stages.staging import PLAN, staged
 from image_tfrecords.storage import Storage, join
-from image_tfrecords.tfds_metadata import tfds_metadata_files
+from image_tfrecords.storage.documents import read_json
 from tests.test_incremental import (
     SHARD_MB,
     Images,
@@ -83,10 +84,10 @@ KILLER = textwrap.dedent("""
     import json, os, signal, sys
     from image_tfrecords import stages
     from image_tfrecords.config import BuildConfig
-    from image_tfrecords.documents import read_json
+    from image_tfrecords.storage.documents import read_json
     from image_tfrecords.stages.staging import CARD_INDEX, MANIFEST, staged
     from image_tfrecords.storage import Storage
-    from image_tfrecords.tfds_metadata import tfds_metadata_files
+    from image_tfrecords.records.tfds_metadata import tfds_metadata_files
 
     cfg = BuildConfig(**json.loads(sys.argv[1]))
     manifest = read_json(Storage(), staged(cfg, MANIFEST))

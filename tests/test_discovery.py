@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords.discovery import Candidate, DiscoveryCounts, discover, looks_like_image
 from image_tfrecords.errors import BuildError
+from image_tfrecords.source.listing import Candidate, DiscoveryCounts, discover, looks_like_image
 from image_tfrecords.storage import Storage, StorageError
 
 UNICODE_NAME = "daisies/ünïcödé 名前, with 'single' and \"double\" quotes.jpg"

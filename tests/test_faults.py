@@ -141,7 +141,7 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
 
 
 def _members(storage: Storage, cfg: BuildConfig, shard: str) -> list[tuple[int, str]]:
-    from image_tfrecords.documents import read_rows
+    from image_tfrecords.storage.documents import read_rows
 
     with read_rows(storage, join(cfg.staging_uri, "members", shard + ".csv")) as rows:
         return [(i, row["filename"]) for i, row in enumerate(rows)]

@@ -11,8 +11,7 @@ from PIL import Image
 
 from image_tfrecords.config import parse_columns
 from image_tfrecords.errors import ConfigError
-from image_tfrecords.example import decode_example, encode_example
-from image_tfrecords.imaging import (
+from image_tfrecords.images.transform import (
     ImageOptions,
     Output,
     make_image,
@@ -22,7 +21,8 @@ from image_tfrecords.imaging import (
     planned_facts,
     resized_size,
 )
-from image_tfrecords.metadata import BadValue, feature_value, label_set, normal_value
+from image_tfrecords.records.columns import BadValue, feature_value, label_set, normal_value
+from image_tfrecords.records.example import decode_example, encode_example
 
 
 @pytest.mark.parametrize(("text", "size", "fit", "upscale", "expected"), [
@@ -54,7 +54,7 @@ def test_bad_resize_is_a_config_error(text: str) -> None:
 
 
 def test_fit_needs_an_exact_size() -> None:
-    from image_tfrecords.imaging import check_options
+    from image_tfrecords.images.transform import check_options
 
     check_options(ImageOptions(resize=parse_resize("10x10"), fit="pad"))
     check_options(ImageOptions(resize=parse_resize("longest:10")))  # crop, the default, goes with any resize
@@ -166,7 +166,7 @@ def test_typed_empty_lists_keep_their_type_in_the_record() -> None:
     record = encode_example({"ints": feature_value("int64_list", "", "|"),
                              "floats": feature_value("float_list", "", "|"),
                              "some": feature_value("float_list", "0.5|2", "|")})
-    from image_tfrecords.example import _example_class
+    from image_tfrecords.records.example import _example_class
 
     example = _example_class()()
     example.ParseFromString(record)

@@ -34,10 +34,11 @@ from typing import Any
 import psutil
 import pytest
 
-from image_tfrecords import cli, layout, stages
+from image_tfrecords import cli, stages
 from image_tfrecords.config import BuildConfig
-from image_tfrecords.incremental import INSPECTOR
-from image_tfrecords.sample import make_sample
+from image_tfrecords.images.sample import make_sample
+from image_tfrecords.published import layout
+from image_tfrecords.rules.base_version import INSPECTOR
 from image_tfrecords.storage import Storage, join
 from tests.tf_reader import FEATURE_KEYS
 
@@ -325,7 +326,7 @@ def expected(prev: Version, full: Version) -> Expected:
     records, in order-key order, first fill the *tail* (the kept shard keeping the fewest bytes, when
     below shard_size_mb) up to shard_size_mb; the rest are dealt round robin to new shards.
     """
-    from image_tfrecords.planning import order_key
+    from image_tfrecords.rules.shards import order_key
 
     params = full.manifest["params"]
     target = params["shard_size_mb"] * 1e6

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from image_tfrecords.loader import NotPublishedError, info, label_names, load_split
-from image_tfrecords.loader import labels as labels_frame
+from image_tfrecords.readers.loader import NotPublishedError, info, label_names, load_split
+from image_tfrecords.readers.loader import labels as labels_frame
 from image_tfrecords.storage import Storage, join
 from tests.test_cli import run_cli
 from tools.seaweedfs import S3Server
@@ -210,7 +210,7 @@ def test_explicit_storage_without_environment(published: str, s3_server: S3Serve
 
 
 def test_importing_the_loader_does_not_import_tensorflow() -> None:
-    code = "import sys, image_tfrecords.loader; print('tensorflow' in sys.modules)"
+    code = "import sys, image_tfrecords.readers.loader; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                             capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
@@ -417,4 +417,4 @@ def test_package_exports_the_loader_lazily() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     modules = {m.removeprefix("image_tfrecords").lstrip(".").split(".")[0] for m in eval(result.stdout)}
-    assert modules <= {"", "loader", "layout", "storage", "errors", "localfs"}, modules
+    assert modules <= {"", "readers", "published", "storage", "errors", "source", "records", "options"}, modules

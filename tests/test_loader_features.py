@@ -26,9 +26,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from image_tfrecords.example import encode_example
-from image_tfrecords.layout import shard_file
-from image_tfrecords.loader import (
+from image_tfrecords.published.layout import shard_file
+from image_tfrecords.readers.loader import (
     ShardChecksumError,
     compression_type,
     feature_spec,
@@ -38,8 +37,9 @@ from image_tfrecords.loader import (
     load_split,
     shard_files,
 )
-from image_tfrecords.manifest import FEATURES
-from image_tfrecords.tfrecord import TFRecordWriter
+from image_tfrecords.records.example import encode_example
+from image_tfrecords.records.schema import FEATURES
+from image_tfrecords.records.tfrecord import TFRecordWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = ["cat", "dog", "fox", "owl"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords import localfs
-from image_tfrecords.discovery import bad_key
-from image_tfrecords.localfs import NotARegularFile, open_file, walk
+from image_tfrecords.source import localfs
+from image_tfrecords.source.listing import bad_key
+from image_tfrecords.source.localfs import NotARegularFile, open_file, walk
 from tests.test_discovery import _write_local
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords import locking
+from image_tfrecords.published import locking
 from image_tfrecords.storage import Storage, join
 
 

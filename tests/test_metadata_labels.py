@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from image_tfrecords.manifest import RECORD_FIELDS
+from image_tfrecords.records.schema import RECORD_FIELDS
 from tests.options_support import (
     build,
     dags_test,

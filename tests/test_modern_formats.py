@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from image_tfrecords.errors import RejectedImage
-from image_tfrecords.formats import JxlHeader, jxl_header, register_decoders
-from image_tfrecords.probe import prepare_image, sniff_format
+from image_tfrecords.images.formats import JxlHeader, jxl_header, register_decoders
+from image_tfrecords.images.probe import prepare_image, sniff_format
 from image_tfrecords.storage import Storage
 from tests.jpeg_variants import SIZE, encode, photo
 from tests.tf_reader import read_version
@@ -223,7 +223,7 @@ def test_heif_with_several_images_stores_the_primary_one() -> None:
 
 
 def test_a_missing_decoder_is_unsupported_format(monkeypatch: pytest.MonkeyPatch) -> None:
-    from image_tfrecords import formats
+    from image_tfrecords.images import formats
 
     register_decoders()
     monkeypatch.setitem(formats._problems, "heif", "HEIF/HEIC needs the pillow-heif package (test)")
@@ -233,8 +233,9 @@ def test_a_missing_decoder_is_unsupported_format(monkeypatch: pytest.MonkeyPatch
 def test_decoders_are_registered_on_first_use_only() -> None:
     jpeg, heif_file = encode(photo(), "JPEG"), heic()
     code = ("import sys\n"
-            "import image_tfrecords, image_tfrecords.probe as p, image_tfrecords.reading, image_tfrecords.discovery\n"
-            "from image_tfrecords.formats import register_decoders\n"
+            "import image_tfrecords, image_tfrecords.images.probe as p\n"
+            "import image_tfrecords.source.reading, image_tfrecords.source.listing\n"
+            "from image_tfrecords.images.formats import register_decoders\n"
             "loaded = lambda: sorted(m for m in ('pillow_heif', 'pillow_jxl', 'PIL') if m in sys.modules)\n"
             "print(loaded())\n"
             "p.prepare_image(sys.stdin.buffer.read(int(sys.argv[1])))\n"

@@ -16,9 +16,9 @@ from PIL import Image, PngImagePlugin
 from image_tfrecords import cli, stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.errors import ConfigError
-from image_tfrecords.example import decode_example
+from image_tfrecords.records.example import decode_example
+from image_tfrecords.records.tfrecord import read_records
 from image_tfrecords.storage import Storage
-from image_tfrecords.tfrecord import read_records
 
 
 def _build(source: Path, dest: Path, version: str, *flags: str) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from image_tfrecords import cli, labels
-from image_tfrecords.example import decode_example
-from image_tfrecords.sample import make_sample
-from image_tfrecords.tfrecord import read_records
+from image_tfrecords.images.sample import make_sample
+from image_tfrecords.records.example import decode_example
+from image_tfrecords.records.tfrecord import read_records
 
 
 def _build(source: Path, dest: Path, version: str, *flags: str) -> dict[str, Any]:

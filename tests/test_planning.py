@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from image_tfrecords.planning import MB, ShardSpec, deal, group_tasks, order_key, shard_count
+from image_tfrecords.rules.shards import MB, ShardSpec, deal, group_tasks, order_key, shard_count
 
 
 @pytest.mark.parametrize("total_bytes,num_records,size_mb,expected", [
@@ -128,7 +128,7 @@ def test_plan_stage_stages_the_members_deal_decides(sample_dir, tmp_path) -> Non
 
 
 def test_order_key_is_deterministic_salted_and_not_the_split_hash() -> None:
-    from image_tfrecords.splitting import unit_hash
+    from image_tfrecords.rules.splits import unit_hash
 
     shas = [hashlib.sha256(bytes([i])).hexdigest() for i in range(200)]
     first = [order_key("s", sha) for sha in shas]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from image_tfrecords import browse
+from image_tfrecords.readers import browse
 from image_tfrecords.storage import Storage
 from tests.test_cli import run_cli
 from tools.seaweedfs import S3Server

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from image_tfrecords.probe import (
+from image_tfrecords.images.probe import (
     MAX_PIXELS,
     ImageFacts,
     RejectedImage,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from image_tfrecords.jpeg_markers import MAX_JPEG_SCANS
-from image_tfrecords.probe import RejectedImage, inspect_image, prepare_image, stored_bytes
+from image_tfrecords.images.jpeg_markers import MAX_JPEG_SCANS
+from image_tfrecords.images.probe import RejectedImage, inspect_image, prepare_image, stored_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,7 +164,7 @@ def _bomb_idat(width: int, height: int) -> bytes:
 PEAK_RSS = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from image_tfrecords.probe import prepare_image
+from image_tfrecords.images.probe import prepare_image
 data = open(sys.argv[2], "rb").read()
 facts = prepare_image(data, max_pixels=10**9)[0]
 print(facts.width, facts.height, facts.format)
@@ -195,7 +195,7 @@ def test_png_streams_are_checked_row_by_row(interlace: int) -> None:
     image.save(buf, "PNG", **({"interlace": 1} if interlace else {}))  # Pillow ignores interlace: made below
     width, height = 37, 23
     if interlace:
-        from image_tfrecords.png_stream import _row_layout
+        from image_tfrecords.images.png_stream import _row_layout
 
         layout = _row_layout(width, height, 24, True)
         raw = b"".join(b"\0" + bytes(stride - 1) for _, stride, rows in layout for _ in range(rows))

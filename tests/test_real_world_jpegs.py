@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from image_tfrecords.probe import RejectedImage, prepare_image
+from image_tfrecords.images.probe import RejectedImage, prepare_image
 from tests.jpeg_variants import VARIANTS, split, variant
 
 ROTATED = {5, 6, 7, 8}  # orientations that swap width and height

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from image_tfrecords import layout, stages
-from image_tfrecords.documents import read_json
+from image_tfrecords import stages
 from image_tfrecords.errors import SourceChanged
+from image_tfrecords.published import layout
 from image_tfrecords.stages.splice import splice_shard
 from image_tfrecords.stages.staging import PLAN, RECEIPTS, SHARDS, staged
 from image_tfrecords.stages.write import rewrite_shard
 from image_tfrecords.storage import Segment, Storage, join, split_s3
+from image_tfrecords.storage.documents import read_json
 from image_tfrecords.storage.multipart import MIN_PART, copied_bytes, plan_parts
 from tests.test_incremental import Source, build, config, read
 

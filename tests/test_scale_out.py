@@ -20,9 +20,9 @@ import pytest
 from image_tfrecords import cli, stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.errors import BuildError
+from image_tfrecords.images.sample import make_sample
 from image_tfrecords.parallel import TASK_PROCESSES_ENV, process_pool
 from image_tfrecords.progress import ProgressLog
-from image_tfrecords.sample import make_sample
 from image_tfrecords.stages.inspect import CHUNKS, chunk_limits
 from image_tfrecords.stages.staging import staged
 from image_tfrecords.storage import Storage

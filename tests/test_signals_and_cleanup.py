@@ -28,7 +28,7 @@ import pytest
 
 from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
-from image_tfrecords.locking import LOCK_FILE, LeaseKeeper, read_lock
+from image_tfrecords.published.locking import LOCK_FILE, LeaseKeeper, read_lock
 from image_tfrecords.storage import Storage, join
 from tests.tf_reader import read_version
 
@@ -43,7 +43,7 @@ import time
 sys.path.insert(0, {root!r})
 
 import image_tfrecords.cli as cli
-import image_tfrecords.reading as reading
+import image_tfrecords.source.reading as reading
 import image_tfrecords.stages as stages
 
 DELAYS = {{"inspect_one": float(os.environ.get("SLOW_INSPECT", "0")),

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords import layout, stages
-from image_tfrecords.documents import read_json
+from image_tfrecords import stages
+from image_tfrecords.published import layout
 from image_tfrecords.stages.splice import splice_shard
 from image_tfrecords.stages.staging import PLAN, RECEIPTS, SHARDS, staged
 from image_tfrecords.stages.write import rewrite_shard
 from image_tfrecords.storage import Storage, join
+from image_tfrecords.storage.documents import read_json
 from tests.test_incremental import Images, add, base_source, build, check_version, config, read
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from image_tfrecords.splitting import DuplicateResolver, assign_split, unit_hash
+from image_tfrecords.rules.splits import DuplicateResolver, assign_split, unit_hash
 
 SPLITS = {"train": 0.7, "validation": 0.2, "test": 0.1}
 

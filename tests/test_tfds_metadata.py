@@ -21,9 +21,9 @@ from PIL import Image
 from tensorflow_datasets.core import dataset_info, naming
 from tensorflow_datasets.core import splits as splits_lib
 
-from image_tfrecords.loader import image_shape
-from image_tfrecords.manifest import FEATURES, feature_spec
-from image_tfrecords.tfds_metadata import IMAGE_KEY, LABEL_KEY, LABELS_FILE, TEMPLATE, tfds_metadata_files
+from image_tfrecords.readers.loader import image_shape
+from image_tfrecords.records.schema import FEATURES, feature_spec
+from image_tfrecords.records.tfds_metadata import IMAGE_KEY, LABEL_KEY, LABELS_FILE, TEMPLATE, tfds_metadata_files
 from tests import test_loader_features as layouts
 
 CLASSES = ("circles", "squares", "triangles")
@@ -88,7 +88,7 @@ def test_files_are_what_tfds_writes(tmp_path: Path) -> None:
 
 
 def test_module_does_not_import_tensorflow() -> None:
-    code = "import sys, image_tfrecords.tfds_metadata; sys.exit('tensorflow' in sys.modules)"
+    code = "import sys, image_tfrecords.records.tfds_metadata; sys.exit('tensorflow' in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from image_tfrecords.example import decode_example, encode_example
-from image_tfrecords.layout import shard_suffix
-from image_tfrecords.tfrecord import (
+from image_tfrecords.published.layout import shard_suffix
+from image_tfrecords.records.example import decode_example, encode_example
+from image_tfrecords.records.tfrecord import (
     COMPRESSIONS,
     CorruptRecordError,
     TFRecordWriter,

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from image_tfrecords import layout, stages
+from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
+from image_tfrecords.published import layout
+from image_tfrecords.records.tfrecord import TFRecordWriter, read_records
 from image_tfrecords.storage import Storage, join
-from image_tfrecords.tfrecord import TFRecordWriter, read_records
 
 
 def stage_until_written(cfg: BuildConfig, storage: Storage) -> list[str]:

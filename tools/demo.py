@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from image_tfrecords.sample import make_sample  # noqa: E402
+from image_tfrecords.images.sample import make_sample  # noqa: E402
 from image_tfrecords.storage import Storage, join  # noqa: E402
 from tools import seaweedfs  # noqa: E402
 

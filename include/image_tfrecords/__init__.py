@@ -15,9 +15,9 @@ __version__ = "0.5.0"
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (PEP 781)
 if TYPE_CHECKING:
-    from .loader import label_names, labels, load_split
+    from .readers.loader import label_names, labels, load_split
 
-_LAZY = {"label_names": "loader", "labels": "loader", "load_split": "loader"}
+_LAZY = {"label_names": "readers.loader", "labels": "readers.loader", "load_split": "readers.loader"}
 __all__ = ["__version__", "label_names", "labels", "load_split"]
 
 

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import config, layout, options
+from . import config, options
+from .published import layout
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -123,10 +124,11 @@ def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kw
     from airflow.sdk import get_current_context
     from airflow.sdk.exceptions import AirflowFailException
 
-    from . import locking, stages
-    from .cleanup import clean_staging
+    from . import stages
     from .errors import ImageTfrecordsError, LockHeld
-    from .preflight import check_locations, os_error_line
+    from .published import locking
+    from .published.cleanup import clean_staging
+    from .source.preflight import check_locations, os_error_line
 
     context = get_current_context()
     params = context["params"]

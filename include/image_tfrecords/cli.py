@@ -27,14 +27,15 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from . import layout, stages
-from .cleanup import clean_staging
+from . import stages
 from .config import BuildConfig, ConfigError, check_location, parse_columns, parse_splits
 from .errors import BuildError, ImageTfrecordsError, LockHeld
-from .locking import LeaseKeeper
 from .options import DEFAULT_SPLITS, IMAGES, OPTIONS, Option
 from .parallel import process_pool
-from .preflight import check_locations, check_temp_dir, os_error_line
+from .published import layout
+from .published.cleanup import clean_staging
+from .published.locking import LeaseKeeper
+from .source.preflight import check_locations, check_temp_dir, os_error_line
 from .storage import Storage, is_s3, join
 
 PROG = "image-tfrecords"
@@ -259,7 +260,7 @@ def _remove_temporaries(folder: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "sample":
-        from .sample import make_sample
+        from .images.sample import make_sample
 
         count = make_sample(args.out, per_class=args.per_class, seed=args.seed)
         print(f"wrote {count} images to {args.out}")

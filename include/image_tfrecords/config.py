@@ -11,16 +11,10 @@ from datetime import datetime
 from typing import Any
 
 from .errors import ConfigError
-from .imaging import ImageOptions, Resize, check_options, parse_resize
-from .layout import STAGING, is_name
-from .metadata import TYPES, check_columns, check_separator
-from .options import (
-    DEFAULT_DATASET,
-    DEFAULT_DESTINATION,
-    DEFAULT_SPLITS,
-    checked_by_spec,
-    default,
-)
+from .images.transform import ImageOptions, Resize, check_options, parse_resize
+from .options import DEFAULT_DATASET, DEFAULT_DESTINATION, DEFAULT_SPLITS, checked_by_spec, default
+from .published.layout import STAGING, is_name
+from .records.columns import TYPES, check_columns, check_separator
 from .storage import is_s3, join
 
 __all__ = ["DEFAULT_DATASET", "DEFAULT_DESTINATION", "DEFAULT_SPLITS", "BuildConfig", "ConfigError", "check_location",
@@ -125,14 +119,14 @@ class BuildConfig:
     # how inspection is cut into chunks (one mapped task each in the DAG); never changes the output
     chunk_files: int = default("chunk_files")
     chunk_mb: float = default("chunk_mb")
-    # image options (see ``imaging``): what each record stores
+    # image options (see ``transform``): what each record stores
     resize: str = default("resize")  # none | longest:N | shortest:N | WxH
     fit: str = default("fit")  # with WxH: crop | pad | stretch
     upscale: bool = default("upscale")
     encoding: str = default("encoding")  # original | jpeg | png | raw
     jpeg_quality: int = default("jpeg_quality")
     channels: int = default("channels")  # 0: as decoded (raw: 3) | 1 | 3 | 4
-    # labels.csv columns stored as features (name -> type, see ``metadata``), and the separator of a
+    # labels.csv columns stored as features (name -> type, see ``columns``), and the separator of a
     # multi-label ``labels`` column and of list columns
     columns: dict[str, str] = field(default_factory=lambda: default("columns"))
     label_separator: str = default("label_separator")

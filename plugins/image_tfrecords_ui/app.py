@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from image_tfrecords import browse
+from image_tfrecords.readers import browse
 from image_tfrecords.storage import Storage
 
 log = logging.getLogger(__name__)

@@ -7,14 +7,14 @@ import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..documents import read_json, read_rows, write_json
 from ..errors import DamagedFile
-from ..imaging import record_image
+from ..images.transform import record_image
 from ..progress import log, summarized
-from ..reading import read_source
+from ..published import layout
+from ..source.reading import read_source
 from ..storage import Storage, join
+from ..storage.documents import read_json, read_rows, write_json
 from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, staged
 
 
@@ -33,7 +33,7 @@ def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
 @summarized
 def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Render the card into staging (``card-files/``, listed in ``card-files.json``)."""
-    from ..card import build_card
+    from ..card.sections import build_card
 
     manifest = read_json(storage, staged(cfg, MANIFEST))
     previous = _previous(cfg, storage, manifest["previous_version"])
@@ -59,8 +59,8 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
     """The previous version for the card's diff; None (a card without one, said in the log) when there is
     none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build."""
-    from ..card import PreviousVersion
-    from ..card_stats import SCAN_FILE, LabelScan
+    from ..card.sections import PreviousVersion
+    from ..card.stats import SCAN_FILE, LabelScan
 
     if not version:
         return None

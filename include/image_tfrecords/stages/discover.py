@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import __version__, layout
+from .. import __version__
 from ..config import BuildConfig
-from ..discovery import DISCOVERED_FIELDS, DiscoveryCounts, discover
-from ..documents import RowWriter, read_json, write_json
 from ..errors import BuildError, DamagedFile
-from ..incremental import RETRIED_REASONS
-from ..manifest import REJECTS_FIELDS
 from ..progress import log, summarized
+from ..published import layout
+from ..records.schema import REJECTS_FIELDS
+from ..rules.base_version import RETRIED_REASONS
+from ..source.listing import DISCOVERED_FIELDS, DiscoveryCounts, discover
 from ..storage import Storage, join
+from ..storage.documents import RowWriter, read_json, write_json
 from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, METADATA, staged
 
 
@@ -23,7 +24,7 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 
     ``unchanged_since`` names the previous published version when the source listing and the
     params fingerprint the same (the rest of the build can then be skipped), unless it rejected
-    files that could not be read (``incremental.RETRIED_REASONS``): those are tried again.
+    files that could not be read (``base_version.RETRIED_REASONS``): those are tried again.
     """
     counts = DiscoveryCounts()
     with RowWriter(storage, staged(cfg, DISCOVERED), DISCOVERED_FIELDS) as found, \

@@ -6,7 +6,7 @@ process pool):
 
 1. ``plan_inspection`` (metadata only) joins the listing with the previous version's
    ``inspected.csv``: a file with the same name, size and stamp is not read again, its row is taken
-   over (``incremental``; ``inspect/carried.csv``). The files to read are cut, in listing order, into
+   over (``base_version``; ``inspect/carried.csv``). The files to read are cut, in listing order, into
    chunks of at most ``cfg.chunk_files`` files or ``cfg.chunk_mb`` MB (bigger when that would make
    more than ``MAX_MAP_LENGTH`` chunks): ``inspect/todo-NNNNN.csv`` and ``inspect/chunks.json``.
 2. ``inspect_chunk`` reads one chunk's files and stages its rows (``inspect/done-NNNNN.csv``).
@@ -31,19 +31,19 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..discovery import DISCOVERED_FIELDS
-from ..documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
 from ..errors import BuildError
-from ..incremental import INSPECTION_FIELDS, base_of, inspections, why_not_reuse_inspection
-from ..manifest import REJECTS_FIELDS
+from ..images.probe import MODERN_FORMATS, RejectedImage, inspect_image, sniff_format
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
-from ..planning import MB
-from ..probe import MODERN_FORMATS, RejectedImage, inspect_image, sniff_format
 from ..progress import ProgressLog, log, summarized
-from ..reading import read_source
+from ..published import layout
+from ..records.schema import REJECTS_FIELDS
+from ..rules.base_version import INSPECTION_FIELDS, base_of, inspections, why_not_reuse_inspection
+from ..rules.shards import MB
+from ..source.listing import DISCOVERED_FIELDS
+from ..source.reading import read_source
 from ..storage import Storage, join
+from ..storage.documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
 from .staging import (
     CARRIED,
     DISCOVER_SUMMARY,

@@ -1,8 +1,8 @@
 """Stage 4: decide the shards of each split and their members (``members/{shard}.csv``), and give
 every record its shard (``labels.csv``).
 
-A full build deals each split's records to ``planning.shard_count`` shards (``planning.deal``).
-An incremental build (``incremental``: a previous version with the same splits, salt, shard size and
+A full build deals each split's records to ``shards.shard_count`` shards (``shards.deal``).
+An incremental build (``base_version``: a previous version with the same splits, salt, shard size and
 compression) makes each split of
 
 1. the base's shards whose records are all still here, unchanged: *reused*, copied as they are;
@@ -13,7 +13,7 @@ compression) makes each split of
    ``shard_size_mb``; the rest go into new shards, dealt as a full build deals. So a night's few
    images do not each make a small shard per split, and the shard count follows the data.
 
-A full build writes each shard's records in order of ``planning.order_key`` (then row number); a
+A full build writes each shard's records in order of ``shards.order_key`` (then row number); a
 rewritten shard keeps the order of the shard it is made from, then its appended records in that
 order. When an incremental build would make more than ``COMPACTION_FACTOR`` times the shards of a
 full build (after many deletions), it compacts: it is planned as a full build.
@@ -30,15 +30,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import planning
 from ..config import BuildConfig
-from ..documents import csv_field, csv_writer, raw_rows, read_json, read_rows, write_json
 from ..errors import BuildError
-from ..imaging import planned_bytes
-from ..incremental import COMPACTION_FACTOR, Base, base_of, missing_base_files, survivors, why_not_reuse_shards
-from ..manifest import record_fields, schema_of
+from ..images.transform import planned_bytes
 from ..progress import log, summarized
+from ..records.schema import record_fields, schema_of
+from ..rules import shards as planning
+from ..rules.base_version import COMPACTION_FACTOR, Base, base_of, missing_base_files, survivors, why_not_reuse_shards
 from ..storage import Storage
+from ..storage.documents import csv_field, csv_writer, raw_rows, read_json, read_rows, write_json
 from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 
 
@@ -118,7 +118,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
 
 
 def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) -> Layout:
-    """Every split dealt afresh to ``planning.shard_count`` shards."""
+    """Every split dealt afresh to ``shards.shard_count`` shards."""
     import numpy as np
 
     keys, sizes, split_of = records

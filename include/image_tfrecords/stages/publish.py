@@ -5,14 +5,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..documents import read_json
 from ..errors import BuildError
 from ..parallel import ordered_map
 from ..progress import ProgressLog, log, summarized
+from ..published import layout
+from ..records.tfds_metadata import tfds_metadata_files
 from ..storage import Storage, join
-from ..tfds_metadata import tfds_metadata_files
+from ..storage.documents import read_json
 from .reuse import COPY_THREADS
 from .staging import CARD, CARD_INDEX, INSPECTED, LABELS, MANIFEST, REJECTS, SHARDS, staged
 

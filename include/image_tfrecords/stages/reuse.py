@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..documents import read_json, write_json
 from ..errors import BuildError
 from ..parallel import ordered_map
 from ..progress import ProgressLog, log, summarized
+from ..published import layout
 from ..storage import Storage, join
+from ..storage.documents import read_json, write_json
 from .staging import CHECKED, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
 from .validate import members_digest, validate_shard
 from .write import write_shard

@@ -38,14 +38,14 @@ from concurrent.futures import Executor
 from contextlib import ExitStack
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..documents import write_json
 from ..errors import BuildError, SourceChanged
 from ..progress import log
+from ..published import layout
+from ..records.tfrecord import TFRecordWriter, masked_crc
 from ..storage import Storage, is_s3, join
+from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
-from ..tfrecord import TFRecordWriter, masked_crc
 from .staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from .validate import _match, _set_digest, member_rows, record_facts
 from .write import _already_written, _from_source, stage_shard, write_shard

@@ -7,15 +7,15 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..documents import RowWriter, read_json, read_rows, write_json
 from ..errors import BuildError
-from ..imaging import planned_bytes, planned_facts, too_big
-from ..manifest import REJECTS_FIELDS, record_fields
+from ..images.transform import planned_bytes, planned_facts, too_big
 from ..progress import summarized
-from ..splitting import DuplicateResolver, assign_split
+from ..published import layout
+from ..records.schema import REJECTS_FIELDS, record_fields
+from ..rules.splits import DuplicateResolver, assign_split
 from ..storage import Storage, join
+from ..storage.documents import RowWriter, read_json, read_rows, write_json
 from .staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
@@ -37,7 +37,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     appended in sorted order. Fails before anything is written to the shards when nothing is left,
     or when more than ``max_reject_fraction`` of the files were rejected.
 
-    Each record's stored size, channels and format follow from the image options (``imaging``); a
+    Each record's stored size, channels and format follow from the image options (``transform``); a
     multi-label record's ``label`` is its class names joined by the separator, ``label_id`` their ids;
     the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv).
     """

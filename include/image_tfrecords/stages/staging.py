@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import BuildConfig
-from ..documents import read_json
-from ..incremental import INSPECTION_FIELDS
-from ..layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
-from ..manifest import RecordSchema, schema_of
+from ..published.layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
+from ..records.schema import RecordSchema, schema_of
+from ..rules.base_version import INSPECTION_FIELDS
 from ..storage import Storage, join
+from ..storage.documents import read_json
 
 Progress = Callable[[int], None]
 TMP_PREFIX = ".tmp-"  # temporary files and folders inside a local staging prefix

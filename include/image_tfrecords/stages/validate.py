@@ -20,17 +20,17 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
-from ..example import decode_example
-from ..incremental import INSPECTOR
-from ..manifest import FILENAME_KEY, RecordSchema, example_features
 from ..parallel import batched_map
 from ..progress import summarized
+from ..published import layout
+from ..records.example import decode_example
+from ..records.schema import FILENAME_KEY, RecordSchema, example_features
+from ..records.tfrecord import CorruptRecordError, read_records
+from ..rules.base_version import INSPECTOR
 from ..storage import HashingReader, Storage
-from ..tfrecord import CorruptRecordError, read_records
+from ..storage.documents import read_json, read_rows, write_json
 from .staging import (
     CHECKED,
     DISCOVER_SUMMARY,

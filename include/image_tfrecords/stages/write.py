@@ -17,20 +17,20 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
-from .. import layout
 from ..config import BuildConfig
-from ..documents import read_json, read_rows, write_json
 from ..errors import BuildError
-from ..example import decode_example, encode_example
-from ..imaging import record_image
-from ..incremental import FULL_REBUILD
-from ..manifest import FILENAME_KEY, RecordSchema, example_features
+from ..images.probe import RejectedImage
+from ..images.transform import record_image
 from ..parallel import batched_map, ordered_map, task_pool, task_processes
-from ..probe import RejectedImage
 from ..progress import ProgressLog
-from ..reading import read_source
+from ..published import layout
+from ..records.example import decode_example, encode_example
+from ..records.schema import FILENAME_KEY, RecordSchema, example_features
+from ..records.tfrecord import CorruptRecordError, TFRecordWriter, index_text, read_records
+from ..rules.base_version import FULL_REBUILD
+from ..source.reading import read_source
 from ..storage import HashingReader, HashingWriter, Storage, join
-from ..tfrecord import CorruptRecordError, TFRecordWriter, index_text, read_records
+from ..storage.documents import read_json, read_rows, write_json
 from .staging import CARRIED, MEMBERS, PLAN, RECEIPTS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from .validate import member_rows, validate_shard
 

@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
-from .. import localfs
 from ..errors import StorageError
+from ..source import localfs
 from .base import FileInfo, Store, sha256_bytes, sha256_file
 
 

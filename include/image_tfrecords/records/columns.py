@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 TYPES = ("string", "int64", "float", "string_list", "int64_list", "float_list")
 _ALIASES = {"str": "string", "bytes": "string", "text": "string", "int": "int64", "float32": "float",

@@ -8,9 +8,9 @@ still caught. Every failure that concerns only this file is a ``RejectedImage`` 
 
 from __future__ import annotations
 
+from ..images.probe import RejectedImage, sniff_format
+from ..storage import Storage, StorageError, StoreUnreachable
 from .localfs import NotARegularFile
-from .probe import RejectedImage, sniff_format
-from .storage import Storage, StorageError, StoreUnreachable
 
 _HEAD = 32  # enough bytes for every magic number sniff_format knows
 

@@ -20,8 +20,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import LockHeld
-from .storage import Storage, join
+from ..errors import LockHeld
+from ..storage import Storage, join
 
 LOCK_FILE = "_LOCK.json"
 CLI_LEASE_SECONDS = 600.0

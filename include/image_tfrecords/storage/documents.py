@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from .storage import Storage, is_s3
+from . import Storage, is_s3
 
 
 @contextmanager

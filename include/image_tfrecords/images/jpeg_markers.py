@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from .errors import RejectedImage
+from ..errors import RejectedImage
 
 MAX_JPEG_SCANS = 100  # real encoders write 1 (baseline) to ~10 (progressive) scans
 # Finding JPEG markers: a run of 0xFF (fill bytes) and the byte after it; the look-behind makes a search

@@ -1,5 +1,5 @@
 """The dataset card's output: a small document model rendered to Markdown and self-contained HTML,
-and sample thumbnails (Pillow); the charts are in ``card_plot``.
+and sample thumbnails (Pillow); the charts are in ``plot``.
 
 Every function's output depends only on its arguments: PNGs have fixed sizes and no metadata. Every
 string from the data is escaped for the format it lands in.

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import DamagedFile, NotPublishedError, StoreBusy
-from .storage import Storage, join
+from ..errors import DamagedFile, NotPublishedError, StoreBusy
+from ..storage import Storage, join
 
 MANIFEST = "manifest.json"
 LEGACY_MANIFEST = "dataset_info.json"  # our manifest's name before TFDS's metadata took it

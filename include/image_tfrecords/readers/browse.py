@@ -18,10 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .layout import LATEST, LEGACY_MANIFEST, MANIFEST, SUCCESS, is_name, manifest_uri, read_latest, version_key
-from .manifest import ordered_splits
-from .options import DEFAULT_DESTINATION
-from .storage import Storage, StorageError, StoreUnreachable, is_s3, join
+from ..options import DEFAULT_DESTINATION
+from ..published.layout import (
+    LATEST,
+    LEGACY_MANIFEST,
+    MANIFEST,
+    SUCCESS,
+    is_name,
+    manifest_uri,
+    read_latest,
+    version_key,
+)
+from ..records.schema import ordered_splits
+from ..storage import Storage, StorageError, StoreUnreachable, is_s3, join
 
 DESTINATION_ENV = "IMAGE_TFRECORDS_DESTINATION"
 CARD = "card.html"

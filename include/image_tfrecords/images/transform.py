@@ -35,8 +35,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .errors import ConfigError
-from .options import BY_NAME, CHANNELS, default
+from ..errors import ConfigError
+from ..options import BY_NAME, CHANNELS, default
 
 RESIZE_KINDS = ("none", "longest", "shortest", "exact")
 FILTER = "lanczos"

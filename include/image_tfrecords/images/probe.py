@@ -53,10 +53,10 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import RejectedImage
+from ..errors import RejectedImage
+from ..options import MAX_PIXELS
 from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
-from .options import MAX_PIXELS
 from .png_stream import check_png_stream
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).

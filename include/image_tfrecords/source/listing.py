@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .documents import read_rows
-from .errors import BuildError
+from ..errors import BuildError
+from ..options import DEFAULT_SEPARATOR
+from ..records.columns import BadValue, label_set, normal_value
+from ..storage import FileInfo, Storage, StorageError, is_s3, join
+from ..storage.documents import read_rows
 from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
-from .metadata import BadValue, label_set, normal_value
-from .options import DEFAULT_SEPARATOR
-from .storage import FileInfo, Storage, StorageError, is_s3, join
 
 LABELS_FILE = "labels.csv"
 MAX_CSV_FIELD = 1 << 20  # a labels.csv field longer than this makes its row a reject (bad_row)
@@ -100,7 +100,7 @@ def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = Non
 
     With a ``cutoff``, files modified after it are ignored (counted in ``after_cutoff``): the source
     as it was at that time, for scheduled runs and backfills. ``columns``: labels.csv columns to keep
-    as features (``metadata``), checked per row; a ``labels`` column makes the rows multi-label (class
+    as features (``columns``), checked per row; a ``labels`` column makes the rows multi-label (class
     names split on ``separator``, the candidate's label is the sorted set joined by it).
     ``modern_formats`` False skips HEIC/HEIF, AVIF and JPEG XL names (counted as ``modern_format_off``).
     """

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .layout import shard_file
-from .splitting import unit_hash
+from ..published.layout import shard_file
+from .splits import unit_hash
 
 if TYPE_CHECKING:
     import numpy as np

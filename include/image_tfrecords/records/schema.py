@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .metadata import feature_entry, feature_value
-from .options import DEFAULT_SEPARATOR
+from ..options import DEFAULT_SEPARATOR
+from .columns import feature_entry, feature_value
 
 # The tf.train.Example keys, named once: the writer, the checks, the loader and TFDS's metadata use these.
 IMAGE_KEY, FORMAT_KEY, HEIGHT_KEY, WIDTH_KEY, CHANNELS_KEY = (
@@ -49,7 +49,7 @@ def ordered_splits(names: Iterable[str]) -> list[str]:
 class RecordSchema:
     """What a build's records hold besides the classic keys: raw pixels (``image/raw`` and ``image/shape``
     in place of ``image/encoded``), several classes (variable-length ``image/class/label`` and
-    ``image/class/text``), and the labels.csv columns declared in ``columns`` (name -> ``metadata`` type)."""
+    ``image/class/text``), and the labels.csv columns declared in ``columns`` (name -> ``columns`` type)."""
 
     raw: bool = False
     multi_label: bool = False

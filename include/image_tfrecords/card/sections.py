@@ -17,9 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import card_plot, card_render
-from .card_render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
-from .card_stats import (
+from ..images.transform import ImageOptions
+from ..records.schema import ordered_splits
+from . import plot, render
+from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
+from .stats import (
     EXAMPLES,
     PAIR_CLASSES,
     REJECT_EXAMPLES,
@@ -31,8 +33,6 @@ from .card_stats import (
     diff_versions,
     scan_rejects,
 )
-from .imaging import ImageOptions
-from .manifest import ordered_splits
 
 SAMPLE_CLASSES, CHART_CLASSES, LISTED_CLASSES, TOP_PAIRS = 50, 50, 100, 20
 # The image options of a build (manifest["image"]); a manifest from before them: images stored as read.
@@ -159,7 +159,7 @@ class Card:
         shown = classes[:CHART_CLASSES]
         title = "Records per class and split" + (
             f" (first {len(shown)} of {len(classes):,} classes by id)" if len(classes) > len(shown) else "")
-        chart = card_plot.records_chart(shown, splits, counts, title)
+        chart = plot.records_chart(shown, splits, counts, title)
         self.blocks.append(self._png("card/records.png", chart, title))
 
     def label_sets(self) -> None:
@@ -211,16 +211,16 @@ class Card:
             thumbs, name = [], picker.names[cid]
             for _, row in picker.by_class[cid].items:
                 if len(thumbs) < SAMPLES and (data := fetch_image(row)) is not None:
-                    thumb = card_render.thumbnail(data)
+                    thumb = render.thumbnail(data)
                     if thumb is not None:
                         thumbs.append(thumb)
-            strip = self._png(f"card/samples/class-{cid:05d}.png", card_render.thumbnail_strip(thumbs),
+            strip = self._png(f"card/samples/class-{cid:05d}.png", render.thumbnail_strip(thumbs),
                               f"samples of {name}") if thumbs else "no image available"
             rows.append((cid, name, strip))
         with_records = len(self.scan.classes())
         note = (f"For each class, the {SAMPLES} records with the smallest sha256 (a choice that does not depend "
                 f"on the order of the rows; images that cannot be read are skipped), as thumbnails of at most "
-                f"{card_render.THUMB} px.")
+                f"{render.THUMB} px.")
         if self.separator is not None:
             note += " A record with several classes can show under each of them."
         if with_records > len(rows):
@@ -253,7 +253,7 @@ class Card:
         self.blocks += [Heading("Shards"), Para("Sizes in MB (10^6 bytes)."),
                         Table(("split", "shards", "records", "total MB", "min MB", "median MB", "max MB"), rows)]
         if any(sizes.values()):
-            self.blocks.append(self._png("card/shards.png", card_plot.shards_chart(sizes), "Shard sizes"))
+            self.blocks.append(self._png("card/shards.png", plot.shards_chart(sizes), "Shard sizes"))
 
     def first_version(self) -> None:
         self.blocks += [Heading("Changes since the previous version"),

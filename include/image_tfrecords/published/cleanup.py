@@ -14,8 +14,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from ..storage import Storage, is_s3, join
 from .locking import LOCK_FILE, is_live, read_lock
-from .storage import Storage, is_s3, join
 
 STAGING = "_staging"
 

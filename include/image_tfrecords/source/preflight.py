@@ -12,8 +12,8 @@ import errno
 import os
 import tempfile
 
-from .config import BuildConfig
-from .storage import StorageError, is_s3, join, split_s3
+from ..config import BuildConfig
+from ..storage import StorageError, is_s3, join, split_s3
 
 
 def _inside(inner: str, outer: str) -> bool:

@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 import google_crc32c
 
-from .options import COMPRESSIONS
+from ..options import COMPRESSIONS
 
 _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<Q")

@@ -52,8 +52,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .loader import image_shape
-from .manifest import FEATURES, IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
+from ..readers.loader import image_shape
+from .schema import FEATURES, IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
 
 TFDS_VERSION = "1.0.0"
 LABELS_FILE = LABEL_KEY.replace("/", ".") + ".labels.txt"  # features.convert_feature_name_to_filename

@@ -26,14 +26,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from . import layout
-from .config import BuildConfig
-from .discovery import DISCOVERED_FIELDS
-from .documents import raw_rows, read_rows
-from .imaging import ImageOptions
-from .manifest import RecordSchema
-from .options import DEFAULT_SEPARATOR
-from .storage import Storage, join
+from ..config import BuildConfig
+from ..images.transform import ImageOptions
+from ..options import DEFAULT_SEPARATOR
+from ..published import layout
+from ..records.schema import RecordSchema
+from ..source.listing import DISCOVERED_FIELDS
+from ..storage import Storage, join
+from ..storage.documents import raw_rows, read_rows
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
 INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from .errors import RejectedImage
+from ..errors import RejectedImage
 
 _INFLATE_PIECE = 1 << 20
 _PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # samples per pixel by IHDR colour type

@@ -24,11 +24,11 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import NotPublishedError, ShardChecksumError
-from .layout import LABELS, read_manifest
-from .layout import resolve as _resolve
-from .manifest import IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
-from .storage import Storage, is_s3, join, sha256_file, split_s3
+from ..errors import NotPublishedError, ShardChecksumError
+from ..published.layout import LABELS, read_manifest
+from ..published.layout import resolve as _resolve
+from ..records.schema import IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
+from ..storage import Storage, is_s3, join, sha256_file, split_s3
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,0 +1,2 @@
+"""Reading published versions: ``load_split`` and friends for ``tf.data`` (``loader``), and the
+datasets page's views (``browse``)."""
