@@ -7,6 +7,9 @@ that server; the trigger form's defaults read sample images from .ui/sample and 
 ``s3://datasets/image-tfrecords``. Prints the URL and how to log in, then runs until Ctrl-C (or
 SIGTERM), when it stops everything it started (by process group) and keeps .ui/ for next time.
 
+The api-server listens on 127.0.0.1 only; Airflow's log servers (scheduler, triggerer) bind every
+interface and cannot be told otherwise in Airflow 3.3, so they get free ports of their own.
+
 ``--check`` starts it all, checks that the api-server answers, lists the DAG and serves the datasets
 page, and stops: what ``tests/test_ui.py`` runs.
 """
@@ -39,18 +42,23 @@ def _step(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def environment(work: Path, server: seaweedfs.S3Server, port: int) -> dict[str, str]:
-    """What ``airflow standalone`` runs with: this project's DAGs and plugins, the S3 connection."""
+def environment(work: Path, server: seaweedfs.S3Server, ports: list[int]) -> dict[str, str]:
+    """What ``airflow standalone`` runs with: this project's DAGs and plugins, the S3 connection, and free
+    ports for the log servers (so that it runs beside another Airflow on this machine)."""
+    port, worker_logs, trigger_logs = ports
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "AWS_"))},
         "AIRFLOW_HOME": str(work / "airflow"), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
         "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_logs),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_logs),
         "AIRFLOW_CONN_AWS_DEFAULT": server.airflow_connection(),
         "IMAGE_TFRECORDS_SOURCE": str(work / "sample"),
         "IMAGE_TFRECORDS_DESTINATION": f"s3://{BUCKET}/image-tfrecords",
         "PYTHONPATH": str(ROOT),
+        "PATH": os.pathsep.join([str(Path(AIRFLOW).parent), os.environ.get("PATH", "")]),  # standalone runs "airflow"
     }
 
 
@@ -121,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     airflow = None
     try:
         server.create_bucket(BUCKET)
-        port = seaweedfs.free_ports(1)[0]
-        env = environment(work, server, port)
+        ports = seaweedfs.free_ports(3)
+        port, env = ports[0], environment(work, server, ports)
         api = f"http://127.0.0.1:{port}"
         _step(f"starting airflow standalone (AIRFLOW_HOME {work / 'airflow'}); its log: {work / 'standalone.log'}")
         with open(work / "standalone.log", "ab") as log:  # the child keeps its own descriptor
