@@ -47,9 +47,9 @@ def image_tfrecords_consumer() -> None:
             root, dataset = BY_NAME["destination"].dag_default(), BY_NAME["dataset"].dag_default()
             version_uri = layout.resolve(storage, join(root, dataset))
         manifest = layout.read_manifest(storage, version_uri)
-        summary = {"uri": version_uri, "version": manifest["version"], "num_records": manifest["num_records"],
-                   "classes": len(manifest["classes"]),
-                   "splits": {name: split["num_records"] for name, split in manifest["splits"].items()}}
+        summary = {"uri": version_uri, "version": manifest.version, "num_records": manifest.num_records,
+                   "classes": len(manifest.classes),
+                   "splits": {name: split.num_records for name, split in manifest.splits.items()}}
         log.info("new dataset version %s at %s: %d records, %d classes, splits %s", summary["version"],
                  version_uri, summary["num_records"], summary["classes"], summary["splits"])
         return summary

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
+from image_tfrecords.card import render as card_render
 from image_tfrecords.card.sections import PreviousVersion, build_card
-from image_tfrecords.card.sections import render as card_render
 from image_tfrecords.card.stats import SCAN_FILE, LabelScan
 from image_tfrecords.records.schema import LABELS_FIELDS, feature_spec
 from tests.test_cli import run_cli
@@ -423,7 +423,7 @@ def test_multi_label_top_pairs_and_label_set_sizes() -> None:
 
 
 def test_pairs_among_the_most_frequent_classes_when_there_are_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    from image_tfrecords.card.sections import sections as card
+    from image_tfrecords.card import sections as card
 
     monkeypatch.setattr(card, "PAIR_CLASSES", 2)
     rows, images = multi_label_rows()  # cats 6, dogs 5, owls 4 records

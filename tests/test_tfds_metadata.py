@@ -95,9 +95,9 @@ def test_module_does_not_import_tensorflow() -> None:
 @pytest.mark.parametrize("change", [
     {"compression": "gzip"},
     {"splits": {"-": {"num_records": 1, "shards": [{"file": "--00000-of-00001.tfrecord", "num_records": 1,
-                                                    "num_bytes": 10}]}}},
+                                                    "num_bytes": 10, "sha256": "0" * 64}]}}},
     {"splits": {"train": {"num_records": 1, "shards": [{"file": "train-00000-of-00002.tfrecord", "num_records": 1,
-                                                        "num_bytes": 10}]}}},
+                                                        "num_bytes": 10, "sha256": "0" * 64}]}}},
     {"features": {k: v for k, v in feature_spec().items() if k != LABEL_KEY}},
 ], ids=["gzip", "split-name", "shard-names", "no-label"])
 def test_versions_tfds_cannot_read_get_nothing(change: dict[str, Any]) -> None:

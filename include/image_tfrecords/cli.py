@@ -35,6 +35,7 @@ from .parallel import process_pool
 from .published import layout
 from .published.cleanup import clean_staging
 from .published.locking import LeaseKeeper
+from .published.manifest import Manifest
 from .source.preflight import check_locations, check_temp_dir, os_error_line
 from .storage import Storage, is_s3, join
 
@@ -162,26 +163,25 @@ def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: 
         return (f"{cfg.dataset}: source and params unchanged since version {result['unchanged_since']}; nothing "
                 f"built (--force builds anyway)")
     manifest = layout.read_manifest(storage, result["uri"])
-    megabytes = sum(s["num_bytes"] for split in manifest["splits"].values() for s in split["shards"]) / 1e6
     lines = [f"published {cfg.dataset} version {cfg.version} to {result['uri']}"
              + (" (already published: nothing changed)" if result["already_published"] else "")]
     for name in cfg.splits:
-        split = manifest["splits"][name]
-        lines.append(f"  {name:<12} {split['num_records']:>8} records in {len(split['shards'])} shard(s)")
-    lines.append(f"  rejected     {manifest['num_rejected']:>8}"
-                 + (f"  ({', '.join(f'{k}: {v}' for k, v in manifest['rejects_by_reason'].items())})"
-                    if manifest["num_rejected"] else "") + f"   skipped (not images): {manifest['num_skipped']}")
+        split = manifest.splits[name]
+        lines.append(f"  {name:<12} {split.num_records:>8} records in {len(split.shards)} shard(s)")
+    lines.append(f"  rejected     {manifest.num_rejected:>8}"
+                 + (f"  ({', '.join(f'{k}: {v}' for k, v in manifest.rejects_by_reason.items())})"
+                    if manifest.num_rejected else "") + f"   skipped (not images): {manifest.num_skipped}")
     lines.append("  " + build_line(manifest))
     if result.get("stage_seconds"):
         lines.append("  stages: " + ", ".join(f"{name} {t:.2f} s" for name, t in result["stage_seconds"].items()))
-    lines.append(f"  {manifest['num_records']} records, {megabytes:.1f} MB in {seconds:.1f} s "
-                 f"({manifest['num_records'] / max(seconds, 1e-9):.0f} images/s); latest is {result['latest']}")
+    lines.append(f"  {manifest.num_records} records, {manifest.num_bytes / 1e6:.1f} MB in {seconds:.1f} s "
+                 f"({manifest.num_records / max(seconds, 1e-9):.0f} images/s); latest is {result['latest']}")
     return "\n".join(lines)
 
 
-def build_line(manifest: dict[str, Any]) -> str:
+def build_line(manifest: Manifest) -> str:
     """One line on how a version was made: incremental (on which version) or full (and why)."""
-    build = manifest.get("build") or {}
+    build = manifest.build
     if not build:
         return "build: (made before 0.3.0)"
     how = (f"incremental on {build['base_version']}" if build["mode"] == "incremental"

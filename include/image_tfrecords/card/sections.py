@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..images.transform import ImageOptions
+from ..published.manifest import Manifest, as_manifest
 from ..records.schema import ordered_splits
 from . import plot, render
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
@@ -45,16 +46,16 @@ _FITS = {"crop": "crop (scaled to cover, centre cropped)", "pad": "pad (scaled t
 _CHANNELS = {1: "1 (grayscale)", 3: "3 (RGB)", 4: "4 (RGBA)"}
 
 
-def separator_of(manifest: dict[str, Any]) -> str | None:
+def separator_of(manifest: Manifest) -> str | None:
     """The separator of a multi-label manifest's label cells; None for a single-label one."""
-    return str(manifest.get("label_separator") or "|") if manifest.get("multi_label") else None
+    return manifest.label_separator if manifest.multi_label else None
 
 
 @dataclass(frozen=True)
 class PreviousVersion:
     """The previous published version: its manifest and a fresh iterator over its labels.csv rows."""
 
-    manifest: dict[str, Any]
+    manifest: Manifest | dict[str, Any]
     labels: Callable[[], Iterable[dict[str, str]]]
     scan: LabelScan | None = None  # its labels.csv's scan, as its card saved it (None: scan labels again)
 
@@ -103,7 +104,7 @@ def _channels(value: Any, encoding: str) -> str:
 class Card:
     """The card's sections, appended in order to ``blocks``; PNGs collected in ``pngs``."""
 
-    def __init__(self, manifest: dict[str, Any], splits: list[str], scan: LabelScan) -> None:
+    def __init__(self, manifest: Manifest, splits: list[str], scan: LabelScan) -> None:
         self.m, self.splits, self.scan = manifest, splits, scan
         self.separator = separator_of(manifest)
         self.blocks: list[Block] = []
@@ -114,26 +115,24 @@ class Card:
         return Img(path, alt)
 
     def header(self) -> None:
-        m, classes = self.m, list(self.m.get("classes", []))
+        m, classes = self.m, list(self.m.classes)
         listed = _names(classes[:LISTED_CLASSES]) + (
             f", … and {len(classes) - LISTED_CLASSES:,} more" if len(classes) > LISTED_CLASSES else "")
         self.blocks.append(Table(("field", "value"), [
-            ("Dataset", str(m["dataset"])), ("Version", str(m["version"])),
-            ("Created from", str(m.get("source", ""))),
-            ("As of", str(m.get("as_of") or "not set: every file present when the build ran")),
-            ("Records", int(m.get("num_records", 0))), ("Rejected", int(m.get("num_rejected", 0))),
-            ("Skipped (not images)", int(m.get("num_skipped", 0))),
-            ("Compression", str(m.get("compression", ""))), ("Classes", f"{len(classes):,}: {listed}"),
+            ("Dataset", m.dataset), ("Version", m.version), ("Created from", m.source),
+            ("As of", m.as_of or "not set: every file present when the build ran"),
+            ("Records", m.num_records), ("Rejected", m.num_rejected), ("Skipped (not images)", m.num_skipped),
+            ("Compression", m.compression), ("Classes", f"{len(classes):,}: {listed}"),
             *([("Labels", f"multi-label: a record has any number of classes, joined by {self.separator!r} "
                           "in labels.csv")] if self.separator is not None else []),
-            ("Previous version", str(m.get("previous_version") or "none")),
+            ("Previous version", m.previous_version or "none"),
         ]))
 
     def records(self) -> None:
         counts, splits = self.scan.counts, self.splits
-        classes = list(self.m.get("classes", []))
+        classes = list(self.m.classes)
         classes += sorted(self.scan.classes() - set(classes))
-        ids = {name: i for i, name in enumerate(self.m.get("classes", []))}
+        ids = {name: i for i, name in enumerate(self.m.classes)}
         rows: list[tuple[Cell, ...]] = []
         for name in classes:
             values = [counts[name, s] for s in splits]
@@ -152,7 +151,7 @@ class Card:
                                     "several classes."))
         self.blocks.append(Table(("id", "class", *splits, "total"), rows))
         for split in splits:
-            stated = self.m.get("splits", {}).get(split, {}).get("num_records")
+            stated = self.m.splits[split].num_records if split in self.m.splits else None
             if stated is not None and stated != per_split[split]:
                 self.blocks.append(Para(f"Warning: labels.csv lists {per_split[split]:,} records in split {split}, "
                                         f"the manifest says {stated:,}."))
@@ -183,7 +182,7 @@ class Card:
 
     def cooccurrence(self) -> None:
         """Multi-label: the pairs of classes found together on the most records."""
-        scan, names = self.scan, list(self.m.get("classes", []))
+        scan, names = self.scan, list(self.m.classes)
         by_id = {cid: name for name, cid in scan.ids.items()} | dict(enumerate(names))
         top = scan.top_pairs(TOP_PAIRS)
         self.blocks.append(Heading("Classes found together"))
@@ -245,9 +244,9 @@ class Card:
         rows: list[tuple[Cell, ...]] = []
         sizes: dict[str, list[int]] = {}
         for split in self.splits:
-            shards = self.m.get("splits", {}).get(split, {}).get("shards", [])
-            sizes[split] = values = [int(s["num_bytes"]) for s in shards]
-            rows.append((split, len(shards), sum(int(s["num_records"]) for s in shards), _mb(sum(values)),
+            shards = self.m.splits[split].shards if split in self.m.splits else ()
+            sizes[split] = values = [s.num_bytes for s in shards]
+            rows.append((split, len(shards), sum(s.num_records for s in shards), _mb(sum(values)),
                          *((_mb(min(values)), _mb(statistics.median(values)), _mb(max(values))) if values
                            else ("", "", ""))))
         self.blocks += [Heading("Shards"), Para("Sizes in MB (10^6 bytes)."),
@@ -262,7 +261,7 @@ class Card:
 
     def build(self) -> None:
         """How the version was made: incremental on which version (or full, and why), what it reused."""
-        build = self.m.get("build")
+        build = self.m.build
         if not build:
             return
         how = (f"incremental, on version {build.get('base_version')}" if build.get("mode") == "incremental"
@@ -280,13 +279,13 @@ class Card:
                             ("MB read from the source", _mb(build.get("source_bytes_read", 0))),
                         ])]
 
-    def changes(self, old_manifest: dict[str, Any], old: LabelScan, diff: Diff) -> None:
+    def changes(self, old_manifest: Manifest, old: LabelScan, diff: Diff) -> None:
         now, before = self.scan.classes(), old.classes()
         added, removed = sorted(now - before), sorted(before - now)
-        delta = int(self.m.get("num_records", 0)) - int(old_manifest.get("num_records", 0))
+        delta = self.m.num_records - old_manifest.num_records
         self.blocks += [
             Heading("Changes since the previous version"),
-            Para(f"Compared with version {old_manifest.get('version')}: {delta:+,} records. Images are matched by "
+            Para(f"Compared with version {old_manifest.version}: {delta:+,} records. Images are matched by "
                  "file name; changed means the same file name with new content (sha256); a class is present when "
                  f"it has records. Examples are the {EXAMPLES} smallest names."),
             Table(("change", "count", "examples"), [
@@ -307,7 +306,7 @@ class Card:
         self.build()
 
     def params(self) -> None:
-        params = self.m.get("params", {})
+        params = self.m.params
         fractions = params.get("splits", {})
         order = [s for s in self.splits if s in fractions]
         self.blocks += [Heading("Parameters"), Table(("parameter", "value"), [
@@ -315,18 +314,18 @@ class Card:
                                  else f"{s}={fractions[s]}" for s in order)),
             ("salt", repr(params.get("salt", ""))),
             ("shard_size_mb", str(params.get("shard_size_mb", ""))),
-            ("compression", str(self.m.get("compression", ""))),
-            ("source fingerprint", str(self.m.get("source_fingerprint", ""))),
+            ("compression", self.m.compression),
+            ("source fingerprint", self.m.source_fingerprint),
         ])]
         self.images()
         self.labels()
         self.blocks += [Heading("Features"), Table(("key", "dtype", "shape"), [
             (key, str(spec.get("dtype", "")), _shape(spec.get("shape", "")))
-            for key, spec in self.m.get("features", {}).items()])]
+            for key, spec in (self.m.features or {}).items()])]
 
     def images(self) -> None:
         """The image options the version was built with (a manifest from before them: images as read)."""
-        image, params = self.m.get("image"), self.m.get("params", {})
+        image, params = self.m.raw.get("image"), self.m.params  # raw: whether the manifest records them
         given = image if isinstance(image, dict) else params
         o = IMAGE_DEFAULTS | {k: given[k] for k in IMAGE_DEFAULTS if given.get(k) is not None}
         resize, encoding = str(o["resize"]), str(o["encoding"])
@@ -347,19 +346,18 @@ class Card:
 
     def labels(self) -> None:
         """Single- or multi-label, the separator, and the labels.csv metadata columns stored as features."""
-        sep = str(self.m.get("label_separator") or "|")
-        columns = self.m.get("columns") or {}
+        sep, columns = self.m.label_separator, self.m.columns
         multi = self.separator is not None
         rows: list[tuple[Cell, ...]] = [
             ("labels", "multi-label: a record has any number of classes (image/class/label and image/class/text "
                        "are lists)" if multi else "single-label: one class per record")]
-        if multi or "label_separator" in self.m:
+        if multi or "label_separator" in self.m.raw:
             rows.append(("label separator", repr(sep)))
         self.blocks += [Heading("Labels", 3), Table(("option", "value"), rows), Heading("Metadata columns", 3)]
         if not columns:
             self.blocks.append(Para("No metadata columns: the records hold no labels.csv columns."))
             return
-        features = self.m.get("features", {})
+        features = self.m.features or {}
         self.blocks += [Para(f"labels.csv columns stored in each record, under the column's name; list types "
                              f"split a cell on {sep!r}, an empty cell is an empty list."),
                         Table(("column", "type", "dtype", "shape"), [
@@ -368,21 +366,23 @@ class Card:
                             for name, kind in columns.items()])]
 
 
-def split_names(manifest: dict[str, Any]) -> list[str]:
-    names = list(dict.fromkeys([*manifest.get("splits", {}), *manifest.get("params", {}).get("splits", {})]))
+def split_names(manifest: Manifest) -> list[str]:
+    names = list(dict.fromkeys([*manifest.splits, *manifest.params.get("splits", {})]))
     return ordered_splits(names)
 
 
-def build_card(manifest: dict, labels: Callable[[], Iterable[dict[str, str]]],
+def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterable[dict[str, str]]],
                rejects: Callable[[], Iterable[dict[str, str]]],
                previous: PreviousVersion | None,
                fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "") -> dict[str, bytes]:
     """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``."""
     picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
+    manifest = as_manifest(manifest)
+    old_manifest = as_manifest(previous.manifest) if previous is not None else None
     separator = separator_of(manifest)
-    old_separator = separator_of(previous.manifest) if previous is not None else None
+    old_separator = separator_of(old_manifest) if old_manifest is not None else None
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
-    few = len(manifest.get("classes", [])) <= PAIR_CLASSES
+    few = len(manifest.classes) <= PAIR_CLASSES
     scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
                         pairs=separator is not None and few, labelsets=relabels)
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
@@ -396,15 +396,15 @@ def build_card(manifest: dict, labels: Callable[[], Iterable[dict[str, str]]],
     card.samples(picker, fetch_image)
     card.rejects(*scan_rejects(rejects()))
     card.shards()
-    if previous is None:
+    if previous is None or old_manifest is None:
         card.first_version()
     else:
         old = previous.scan
         if old is None or (relabels and not old.hashed_labelsets):
             old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
-        card.changes(previous.manifest, old, diff_versions(scan, labels, old, previous.labels))
+        card.changes(old_manifest, old, diff_versions(scan, labels, old, previous.labels))
     card.params()
-    title = f"Dataset card: {manifest['dataset']} {manifest['version']}"
+    title = f"Dataset card: {manifest.dataset} {manifest.version}"
     blocks: list[Block] = [Heading(title, 1), *card.blocks]
     return {"card.md": render_md(blocks).encode(), "card.html": render_html(blocks, title, card.pngs).encode(),
             **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256)}

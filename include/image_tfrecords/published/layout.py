@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import DamagedFile, NotPublishedError, StoreBusy
 from ..storage import Storage, join
+from .manifest import Manifest
 
 MANIFEST = "manifest.json"
 LEGACY_MANIFEST = "dataset_info.json"  # our manifest's name before TFDS's metadata took it
@@ -145,18 +146,17 @@ def manifest_uri(storage: Storage, version_uri: str) -> str | None:
     return None
 
 
-def read_manifest(storage: Storage, version_uri: str) -> dict[str, Any]:
-    """A version's manifest (either name). FileNotFoundError if it has none."""
+def read_manifest(storage: Storage, version_uri: str) -> Manifest:
+    """A version's manifest (either name), parsed (``manifest.Manifest``). FileNotFoundError if it has none,
+    DamagedFile if it is not a manifest."""
     uri = manifest_uri(storage, version_uri)
     if uri is None:
         raise FileNotFoundError(join(version_uri, MANIFEST))
     try:
-        manifest = json.loads(storage.read_bytes(uri))
+        raw = json.loads(storage.read_bytes(uri))
     except ValueError as exc:
         raise DamagedFile(f"{uri} is not valid JSON ({exc}): the version's manifest is damaged") from None
-    if not isinstance(manifest, dict):
-        raise DamagedFile(f"{uri} is not a JSON object: the version's manifest is damaged")
-    return manifest
+    return Manifest.parse(raw, uri)
 
 
 def resolve(storage: Storage, uri: str) -> str:

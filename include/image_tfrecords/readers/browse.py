@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..errors import DamagedFile
 from ..options import DEFAULT_DESTINATION
 from ..published.layout import (
     LATEST,
@@ -29,6 +29,7 @@ from ..published.layout import (
     read_latest,
     version_key,
 )
+from ..published.manifest import Manifest
 from ..records.schema import ordered_splits
 from ..storage import Storage, StorageError, StoreUnreachable, is_s3, join
 
@@ -133,22 +134,20 @@ def version_info(storage: Storage, dataset_uri: str, version: str, latest: str |
         where = manifest_uri(storage, uri)
         if where is None:
             raise FileNotFoundError(join(uri, MANIFEST))
-        manifest: dict[str, Any] = json.loads(storage.read_bytes(where))
+        manifest = Manifest.parse(json.loads(storage.read_bytes(where)), where)
         return VersionInfo(
-            version=version, num_records=int(manifest["num_records"]), num_rejected=int(manifest["num_rejected"]),
-            classes=[str(c) for c in manifest["classes"]],
-            splits=_split_counts(manifest),
-            compression=str(manifest.get("compression", "none")), latest=version == latest, has_card=has_card,
-            as_of=manifest.get("as_of"), manifest_file=where.rsplit("/", 1)[-1])
-    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+            version=version, num_records=manifest.num_records, num_rejected=manifest.num_rejected,
+            classes=list(manifest.classes), splits=_split_counts(manifest), compression=manifest.compression,
+            latest=version == latest, has_card=has_card, as_of=manifest.as_of,
+            manifest_file=where.rsplit("/", 1)[-1])
+    except (FileNotFoundError, ValueError, DamagedFile):
         return VersionInfo(version=version, num_records=0, num_rejected=0, classes=[], splits={}, compression="?",
                            latest=version == latest, has_card=has_card, error=f"{MANIFEST} is missing or invalid")
 
 
-def _split_counts(manifest: dict[str, Any]) -> dict[str, int]:
+def _split_counts(manifest: Manifest) -> dict[str, int]:
     """Records per split: train, validation, test first (as is customary), then any others by name."""
-    splits = manifest["splits"]
-    return {name: int(splits[name]["num_records"]) for name in ordered_splits(splits)}
+    return {name: manifest.splits[name].num_records for name in ordered_splits(manifest.splits)}
 
 
 def _prime(storage: Storage, uri: str) -> None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..published.manifest import Manifest, SplitEntry, as_manifest
 from ..readers.loader import image_shape
 from .schema import FEATURES, IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
 
@@ -129,11 +130,11 @@ def _supported(key: str, dtype: str, shape: Shape) -> bool:
     return dtype != "string" and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
 
 
-def _schema(manifest: dict[str, Any]) -> tuple[dict[str, str | tuple[str, Shape]], Shape] | None:
+def _schema(manifest: Manifest) -> tuple[dict[str, str | tuple[str, Shape]], Shape] | None:
     """The version's record keys with their dtypes and shapes (its manifest's ``features``), and the
     (height, width, channels) its images all have (None where they vary); None if TFDS could not
     read the records as they are."""
-    spec = manifest.get("features") or {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURES.items()}
+    spec = manifest.features or {key: {"dtype": dtype, "shape": []} for key, dtype in FEATURES.items()}
     schema: dict[str, str | tuple[str, Shape]] = {}
     for key, value in spec.items():
         dtype, shape = value.get("dtype"), value.get("shape")
@@ -159,26 +160,24 @@ def _shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:0{width}d}-of-{count:0{width}d}.tfrecord"
 
 
-def _split_info(name: str, split: dict[str, Any]) -> dict[str, Any]:
-    shards = split["shards"]
-    return {"filepathTemplate": TEMPLATE, "name": name,
-            "numBytes": str(sum(int(s["num_bytes"]) for s in shards)),
-            "shardLengths": [str(int(s["num_records"])) for s in shards]}
+def _split_info(name: str, split: SplitEntry) -> dict[str, Any]:
+    return {"filepathTemplate": TEMPLATE, "name": name, "numBytes": str(split.num_bytes),
+            "shardLengths": [str(s.num_records) for s in split.shards]}
 
 
-def _readable(manifest: dict[str, Any]) -> bool:
+def _readable(manifest: Manifest) -> bool:
     """Whether TFDS can read the version's shards as the manifest lists them."""
-    if manifest.get("compression", "none") != "none":
+    if manifest.compression != "none":
         return False
-    for name, split in manifest["splits"].items():
-        shards = split["shards"]
+    for name, split in manifest.splits.items():
+        shards = split.shards
         if not any(c.isalnum() for c in name) or any(
-                s["file"] != _shard_name(name, i, len(shards)) for i, s in enumerate(shards)):
+                s.file != _shard_name(name, i, len(shards)) for i, s in enumerate(shards)):
             return False
     return True
 
 
-def tfds_metadata_files(manifest: dict[str, Any]) -> dict[str, bytes]:
+def tfds_metadata_files(manifest: Manifest | dict[str, Any]) -> dict[str, bytes]:
     """The TFDS metadata files ({"dataset_info.json": ..., "features.json": ..., the class names'
     ``image.class.label.labels.txt``}) that let ``tfds.builder_from_directory(VERSION_FOLDER)`` read
     a published version, by file name.
@@ -192,21 +191,22 @@ def tfds_metadata_files(manifest: dict[str, Any]) -> dict[str, bytes]:
     varying size: see the module's docstring).
     Splits without shards are left out (TFDS cannot read an empty split).
     """
+    manifest = as_manifest(manifest)
     found = _schema(manifest)
     if found is None or not _readable(manifest):
         return {}
     schema, image = found
     image_key = IMAGE_KEY if IMAGE_KEY in schema else RAW_KEY
-    classes = [str(name) for name in manifest["classes"]]
-    dataset, version = manifest["dataset"], manifest["version"]
+    classes = list(manifest.classes)
+    dataset, version = manifest.dataset, manifest.version
     note = f"image-tfrecords version {version} of dataset {dataset}"
     info = {
-        "description": f"{note}: {manifest['num_records']} images in {len(classes)} classes. "
+        "description": f"{note}: {manifest.num_records} images in {len(classes)} classes. "
                        f"Version {TFDS_VERSION} is a placeholder: TFDS needs X.Y.Z.",
         "fileFormat": "tfrecord",
         "name": dataset,
         "releaseNotes": {TFDS_VERSION: note},
-        "splits": [_split_info(name, split) for name, split in manifest["splits"].items() if split["shards"]],
+        "splits": [_split_info(name, split) for name, split in manifest.splits.items() if split.shards],
         "supervisedKeys": {"tuple": {"items": [{"featureKey": image_key}, {"featureKey": LABEL_KEY}]}},
         "version": TFDS_VERSION,
     }

@@ -21,15 +21,14 @@ import csv
 import hashlib
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import BuildConfig
-from ..images.transform import ImageOptions
-from ..options import DEFAULT_SEPARATOR
 from ..published import layout
+from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
 from ..storage import Storage, join
@@ -54,11 +53,11 @@ class Base:
 
     version: str
     uri: str
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
-    def build(self) -> dict[str, Any]:
-        return self.manifest.get("build") or {}
+    def build(self) -> Mapping[str, Any]:
+        return self.manifest.build
 
 
 def base_of(cfg: BuildConfig, storage: Storage, previous: str | None) -> Base | None:
@@ -73,11 +72,11 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
     """Why the base's inspections cannot be taken over (``""`` when they can)."""
     if base is None:
         return "full rebuild" if cfg.full else "no previous version"
-    if base.manifest.get("source") != cfg.source:
+    if base.manifest.source != cfg.source:
         return f"version {base.version} was built from another source"
     if base.build.get("inspector") != INSPECTOR:
         return f"version {base.version} was inspected by another release of image-tfrecords"
-    params = base.manifest.get("params", {})
+    params = base.manifest.params
     if (params.get("max_file_mb"), params.get("max_pixels")) != (cfg.max_file_mb, cfg.max_pixels):
         return "max_file_mb or max_pixels changed"
     if params.get("modern_formats", True) != cfg.modern_formats:
@@ -90,20 +89,19 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSche
     ``cfg``'s image options."""
     if base is None:
         return "full rebuild asked for" if cfg.full else "no previous version"
-    params = base.manifest.get("params", {})
+    params = base.manifest.params
     if not base.build:
         return f"version {base.version} predates shard reuse (its labels.csv does not name shards)"
-    if base.manifest.get("features") != schema.features():
+    if base.manifest.features != schema.features():
         return f"version {base.version} has other record features"
-    if base.manifest.get("image", ImageOptions().describe()) != cfg.image_options.describe():
+    if base.manifest.image != cfg.image_options.describe():
         return f"image options changed since version {base.version}"
-    if (base.manifest.get("columns", {}), base.manifest.get("label_separator", DEFAULT_SEPARATOR)) != \
-            (cfg.columns, cfg.label_separator):
+    if (base.manifest.columns, base.manifest.label_separator) != (cfg.columns, cfg.label_separator):
         return f"columns or label_separator changed since version {base.version}"
     for name in ("splits", "salt", "shard_size_mb"):
         if params.get(name) != getattr(cfg, name):
             return f"{name} changed since version {base.version}"
-    if base.manifest.get("compression") != cfg.compression:
+    if base.manifest.compression != cfg.compression:
         return f"compression changed since version {base.version}"
     if not base.build.get("record_positions"):
         return f"version {base.version} predates spliced shards (its labels.csv does not give each record's place)"
@@ -114,9 +112,7 @@ def missing_base_files(storage: Storage, base: Base) -> str:
     """What the base lacks of the files an incremental build reads (its labels.csv, any shard or
     ``.tfindex`` its manifest lists), as one phrase; ``""`` when it has them all. One listing."""
     files = set(storage.list_children(base.uri)[1])
-    needed = [layout.LABELS] + [name for info in base.manifest.get("splits", {}).values()
-                                for shard in info.get("shards", [])
-                                for name in (shard["file"], layout.index_file(shard["file"]))]
+    needed = [layout.LABELS] + [name for file in base.manifest.shard_files for name in (file, layout.index_file(file))]
     missing = [name for name in needed if name not in files]
     if not missing:
         return "" if labels_as_published(storage, base) else \
@@ -129,7 +125,7 @@ def labels_as_published(storage: Storage, base: Base) -> bool:
     """Whether the base's labels.csv hashes to the SHA-256 its manifest gives (True for a manifest from
     before 0.5.0, which gives none): the places of its records, which splicing trusts, are then the
     published ones."""
-    want = base.manifest.get("labels_sha256")
+    want = base.manifest.labels_sha256
     return not want or storage.sha256_of(join(base.uri, layout.LABELS)) == want
 
 

@@ -12,6 +12,7 @@ from ..errors import DamagedFile
 from ..images.transform import record_image
 from ..progress import log, summarized
 from ..published import layout
+from ..published.manifest import Manifest
 from ..source.reading import read_source
 from ..storage import Storage, join
 from ..storage.documents import read_json, read_rows, write_json
@@ -35,8 +36,8 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Render the card into staging (``card-files/``, listed in ``card-files.json``)."""
     from ..card.sections import build_card
 
-    manifest = read_json(storage, staged(cfg, MANIFEST))
-    previous = _previous(cfg, storage, manifest["previous_version"])
+    manifest = Manifest.parse(read_json(storage, staged(cfg, MANIFEST)), staged(cfg, MANIFEST))
+    previous = _previous(cfg, storage, manifest.previous_version)
 
     def fetch_image(row: dict[str, str]) -> bytes | None:
         """The record's image bytes, from the source (None if it changed or vanished since the build)."""
@@ -71,7 +72,7 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
         if not storage.exists(labels):
             raise FileNotFoundError(labels)
         labels_sha = storage.sha256_of(labels) or ""  # "": a store that keeps no checksum for it
-        if manifest.get("labels_sha256") and labels_sha and labels_sha != manifest["labels_sha256"]:
+        if manifest.labels_sha256 and labels_sha and labels_sha != manifest.labels_sha256:
             raise DamagedFile(f"{labels} is not the one version {version} published")
     except (FileNotFoundError, DamagedFile) as exc:
         log.warning("the card has no changes since version %s: %s", version,

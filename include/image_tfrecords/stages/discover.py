@@ -45,8 +45,8 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     # Never skipped: after a damaged version (it must not stay the newest), or when this version is itself
     # published (a rerun after a publish that was cut short: publish finishes it, or says it differs)
     if manifest is not None and not damaged and not storage.exists(join(cfg.version_uri, layout.SUCCESS)):
-        retry = set(manifest.get("rejects_by_reason", {})) & set(RETRIED_REASONS)  # files to read again
-        unchanged = previous if manifest.get("source_fingerprint") == fingerprint and not retry else None
+        retry = set(manifest.rejects_by_reason) & set(RETRIED_REASONS)  # files to read again
+        unchanged = previous if manifest.source_fingerprint == fingerprint and not retry else None
     summary = {"layout": counts.layout, "multi_label": counts.multi_label, "listed": counts.listed,
                "skipped": counts.skipped,
                "skipped_by_kind": dict(sorted(counts.skipped_by_kind.items())),

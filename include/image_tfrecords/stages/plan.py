@@ -167,8 +167,8 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
 
     keys, sizes, split_of = records
     origin = np.full(len(keys), -1, dtype=np.int64)  # row -> index of the base shard holding it unchanged
-    base_shards = [(split, s) for split, info in base.manifest["splits"].items() for s in info["shards"]]
-    index_of = {s["file"]: i for i, (_, s) in enumerate(base_shards)}
+    base_shards = [(split, s) for split, info in base.manifest.splits.items() for s in info.shards]
+    index_of = {s.file: i for i, (_, s) in enumerate(base_shards)}
     kept: Counter[int] = Counter()
     layout = _empty_layout(len(keys))
     for number, shard, position in survivors(storage, base, staged(cfg, RECORDS), tmp, record_fields(cfg)):
@@ -193,10 +193,10 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
         total = len(mine) + new
         names = [planning.ShardSpec(split, j, total, cfg.compression).file for j in range(total)]
         for j, (b, shard) in enumerate(mine):
-            source = {"version": base.version, "file": shard["file"], "sha256": shard["sha256"],
-                      "num_records": shard["num_records"], "num_bytes": shard["num_bytes"],
-                      "index_sha256": shard.get("index_sha256"), "kept": kept[b]}
-            if kept[b] == shard["num_records"] and not (b == tail and len(appended)):
+            source = {"version": base.version, "file": shard.file, "sha256": shard.sha256,
+                      "num_records": shard.num_records, "num_bytes": shard.num_bytes,
+                      "index_sha256": shard.index_sha256, "kept": kept[b]}
+            if kept[b] == shard.num_records and not (b == tail and len(appended)):
                 layout.reuse[names[j]] = source
             else:
                 places = np.sort(layout.base_position[rows[origin[rows] == b]])

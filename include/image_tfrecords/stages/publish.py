@@ -10,6 +10,7 @@ from ..errors import BuildError
 from ..parallel import ordered_map
 from ..progress import ProgressLog, log, summarized
 from ..published import layout
+from ..published.manifest import Manifest
 from ..records.tfds_metadata import tfds_metadata_files
 from ..storage import Storage, join
 from ..storage.documents import read_json
@@ -36,10 +37,10 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
             layout.update_latest(storage, cfg.dataset_uri, cfg.version)  # it is published: latest may lag
             raise BuildError(f"version {cfg.version} is already published at {final} with different "
                              "content; published versions are immutable, so pick another version")
-        manifest = read_json(storage, staged_manifest)
+        manifest = Manifest.parse(read_json(storage, staged_manifest), staged_manifest)
         _remove_strays(storage, final, _published_names(final, _copies(cfg, storage, manifest), manifest))
         return _finish(cfg, storage, manifest, already=True)
-    manifest = read_json(storage, staged_manifest)
+    manifest = Manifest.parse(read_json(storage, staged_manifest), staged_manifest)
     copies = _copies(cfg, storage, manifest)
     with ProgressLog(f"publish {cfg.version}", len(copies), "files") as done:  # nothing is visible until _SUCCESS
         for _ in ordered_map(lambda copy: storage.copy(*copy), copies, threads):
@@ -53,14 +54,14 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
     return _finish(cfg, storage, manifest, already=False)
 
 
-def _copies(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+def _copies(cfg: BuildConfig, storage: Storage, manifest: Manifest) -> list[tuple[str, str, str | None]]:
     """(staged, published, sha256 to check or None) of every file publish copies from staging."""
     final = cfg.version_uri
     copies: list[tuple[str, str, str | None]] = []
-    for split in manifest["splits"].values():
-        for shard in split["shards"]:
-            copies.append((staged(cfg, SHARDS, shard["file"]), join(final, shard["file"]), shard["sha256"]))
-            index = layout.index_file(shard["file"])
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            copies.append((staged(cfg, SHARDS, shard.file), join(final, shard.file), shard.sha256))
+            index = layout.index_file(shard.file)
             copies.append((staged(cfg, SHARDS, index), join(final, index), None))
     card_files = read_json(storage, staged(cfg, CARD_INDEX))
     copies += [(staged(cfg, CARD, name), join(final, name), None) for name in card_files]
@@ -68,7 +69,7 @@ def _copies(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any]) -> lis
     return copies
 
 
-def _published_names(final: str, copies: list[tuple[str, str, str | None]], manifest: dict[str, Any]) -> set[str]:
+def _published_names(final: str, copies: list[tuple[str, str, str | None]], manifest: Manifest) -> set[str]:
     """Every file of the published version at ``final`` (its ``copies``, TFDS's metadata, the manifest and
     ``_SUCCESS``), relative to its folder."""
     prefix = final + "/"
@@ -95,10 +96,10 @@ def _remove_strays(storage: Storage, final: str, names: set[str]) -> None:
                  final, ", ".join(strays[:3]), ", ..." if len(strays) > 3 else "")
 
 
-def _finish(cfg: BuildConfig, storage: Storage, manifest: dict[str, Any], already: bool) -> dict[str, Any]:
+def _finish(cfg: BuildConfig, storage: Storage, manifest: Manifest, already: bool) -> dict[str, Any]:
     latest = layout.update_latest(storage, cfg.dataset_uri, cfg.version)
     storage.delete_tree(cfg.staging_uri)
     storage.prune(join(cfg.dataset_uri, layout.STAGING))  # the _staging/ folder, once no build uses it
-    return {"uri": cfg.version_uri, "version": cfg.version, "num_records": manifest["num_records"],
-            "num_rejected": manifest["num_rejected"], "latest": latest, "already_published": already,
-            "splits": {name: s["num_records"] for name, s in manifest["splits"].items()}}
+    return {"uri": cfg.version_uri, "version": cfg.version, "num_records": manifest.num_records,
+            "num_rejected": manifest.num_rejected, "latest": latest, "already_published": already,
+            "splits": {name: s.num_records for name, s in manifest.splits.items()}}

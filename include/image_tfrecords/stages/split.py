@@ -55,7 +55,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
     multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
-    known = layout.read_manifest(storage, join(cfg.dataset_uri, previous))["classes"] if previous else []
+    known = list(layout.read_manifest(storage, join(cfg.dataset_uri, previous)).classes) if previous else []
     for damaged in found.get("damaged_versions", [])[:1]:  # the newest one passed over: keep the ids it gave
         known = _classes_of_damaged(cfg, storage, damaged.split(":", 1)[0], known, multi)
     kept = resolver.kept_labels()

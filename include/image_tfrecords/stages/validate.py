@@ -25,6 +25,7 @@ from ..errors import BuildError
 from ..parallel import batched_map
 from ..progress import summarized
 from ..published import layout
+from ..published.manifest import FORMAT_VERSION, Manifest
 from ..records.example import decode_example
 from ..records.schema import FILENAME_KEY, RecordSchema, example_features
 from ..records.tfrecord import CorruptRecordError, read_records
@@ -330,6 +331,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         splits[split] = {"num_records": total, "shards": [_manifest_entry(s) for s in shards]}
         checked += shards
     manifest = {
+        "format_version": FORMAT_VERSION,
         "dataset": cfg.dataset, "version": cfg.version, "num_records": summary["num_records"],
         "num_rejected": summary["num_rejected"], "num_skipped": summary["num_skipped"],
         "skipped_by_kind": summary.get("skipped_by_kind", {}), "rejects_by_reason": summary["rejects_by_reason"],
@@ -348,5 +350,6 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
                                          "columns": dict(cfg.columns), "label_separator": cfg.label_separator,
                                          "modern_formats": cfg.modern_formats},
     }
-    write_json(storage, staged(cfg, MANIFEST), manifest)
-    return {"num_records": manifest["num_records"], "num_shards": sum(len(s["shards"]) for s in splits.values())}
+    written = Manifest.parse(manifest, staged(cfg, MANIFEST))  # what every reader will parse, checked here
+    write_json(storage, staged(cfg, MANIFEST), written.to_json())
+    return {"num_records": written.num_records, "num_shards": len(written.shard_files)}
