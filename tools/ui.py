@@ -112,6 +112,24 @@ def check(api: str, home: Path) -> None:
     assert status == 200 and b"TFRecord datasets" in page, page[:500]
 
 
+def _stop_group(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM the process group ``process`` leads, wait until every member has exited (the scheduler and
+    the triggerer outlive ``airflow standalone`` by a few seconds), SIGKILL whatever is left after ``grace``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        process.poll()
+        try:
+            os.killpg(process.pid, 0)  # anyone left in the group?
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="start, check the DAG and the page, stop")
@@ -156,14 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             airflow.wait()
         return 0
     finally:
-        if airflow is not None and airflow.poll() is None:
+        if airflow is not None:
             _step("stopping airflow standalone")
-            os.killpg(airflow.pid, signal.SIGTERM)
-            try:
-                airflow.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(airflow.pid, signal.SIGKILL)
-                airflow.wait()
+            _stop_group(airflow)
         if started_server:
             seaweedfs.stop(server)
 

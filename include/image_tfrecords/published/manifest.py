@@ -13,12 +13,14 @@ Consumers use the attributes. A ``Manifest`` is also a read-only mapping of the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DamagedFile
 from ..options import DEFAULT_SEPARATOR
+from ..records.schema import RAW_KEY
 
 FORMAT_VERSION = 1  # 1: the first versioned format (0.5.0); absent: an older manifest
 
@@ -155,3 +157,24 @@ def _plain(value: Any) -> Any:
 def as_manifest(value: Manifest | Mapping[str, Any], where: str = "manifest.json") -> Manifest:
     """``value`` parsed, unless it is a ``Manifest`` already (a JSON object from a staged file, a test)."""
     return value if isinstance(value, Manifest) else Manifest.parse(dict(value), where)
+
+
+def image_shape(manifest: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """``(height, width, channels)`` every stored image of the version has, from the build's image
+    options (the manifest's ``image``); None where they differ from image to image (and all three
+    None for versions built before those options).
+
+    ``resize WxH`` gives exactly H x W with ``fit pad``, or with ``upscale`` (without it, ``crop`` and
+    ``stretch`` never enlarge a smaller image); ``channels`` 1, 3 or 4 converts every image, and raw
+    pixels without it are RGB.
+    """
+    options = manifest.get("image") or {}  # the JSON as read: absent in versions before the options
+    height = width = channels = None
+    match = re.fullmatch(r"(\d+)x(\d+)", str(options.get("resize", "none")))
+    if match and (options.get("fit", "crop") == "pad" or options.get("upscale") is True):
+        width, height = int(match.group(1)), int(match.group(2))
+    if options.get("channels") in (1, 3, 4):
+        channels = int(options["channels"])
+    elif options and not options.get("channels") and RAW_KEY in manifest.get("features", {}):
+        channels = 3
+    return height, width, channels

@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import io
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import NotPublishedError, ShardChecksumError
 from ..published.layout import LABELS, read_manifest
 from ..published.layout import resolve as _resolve
+from ..published.manifest import image_shape
 from ..records.schema import IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
 from ..storage import Storage, is_s3, join, sha256_file, split_s3
 
@@ -143,27 +143,6 @@ def _image_key(manifest: dict[str, Any]) -> str:
 def _is_multi_label(manifest: dict[str, Any]) -> bool:
     label = manifest["features"].get(LABEL_KEY, {})
     return bool(manifest.get("multi_label")) or None in label.get("shape", [])
-
-
-def image_shape(manifest: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """``(height, width, channels)`` every stored image of the version has, from the build's image
-    options (the manifest's ``image``); None where they differ from image to image (and all three
-    None for versions built before those options).
-
-    ``resize WxH`` gives exactly H x W with ``fit pad``, or with ``upscale`` (without it, ``crop`` and
-    ``stretch`` never enlarge a smaller image); ``channels`` 1, 3 or 4 converts every image, and raw
-    pixels without it are RGB.
-    """
-    options = manifest.get("image") or {}
-    height = width = channels = None
-    match = re.fullmatch(r"(\d+)x(\d+)", str(options.get("resize", "none")))
-    if match and (options.get("fit", "crop") == "pad" or options.get("upscale") is True):
-        width, height = int(match.group(1)), int(match.group(2))
-    if options.get("channels") in (1, 3, 4):
-        channels = int(options["channels"])
-    elif options and not options.get("channels") and RAW_KEY in manifest.get("features", {}):
-        channels = 3
-    return height, width, channels
 
 
 def _split(manifest: dict[str, Any], split: str) -> dict[str, Any]:

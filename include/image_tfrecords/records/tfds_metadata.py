@@ -52,8 +52,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..published.manifest import Manifest, SplitEntry, as_manifest
-from ..readers.loader import image_shape
+from ..published.manifest import Manifest, SplitEntry, as_manifest, image_shape
 from .schema import FEATURES, IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
 
 TFDS_VERSION = "1.0.0"
