@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support import run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
@@ -144,11 +146,6 @@ def fitted_reference(data: bytes, resize: str, fit: str = "crop", upscale: bool 
 
 
 # -- building -----------------------------------------------------------------------------------------
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "image_tfrecords", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
 def build(source: Path, destination: Path, *options: str, dataset: str = "d", version: str = "v",
           workers: int = 1) -> Path:
     """Build through the CLI (must succeed); the published version's folder."""

@@ -1,4 +1,4 @@
-"""What the stack tests (tests/test_stack.py, tests/test_stack_celery.py) share: a PostgreSQL server of
+"""What the stack tests (tests/airflow/test_stack.py, tests/airflow/test_stack_celery.py) share: a PostgreSQL server of
 their own (a fixture over ``tools.airflow_stack``, which ``make bench`` uses too), bounded waiting, the
 Airflow environment, and the Airflow components as processes stopped by PID, driven through the REST API."""
 

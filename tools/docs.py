@@ -1,7 +1,7 @@
 """Rewrite the generated blocks of docs/ from the code that owns them (``make docs``).
 
 A block is the text between ``<!-- generated: NAME -->`` and ``<!-- /generated -->``; NAME picks
-its maker below. ``tests/test_readme.py`` fails while a block is out of date.
+its maker below. ``tests/project/test_readme.py`` fails while a block is out of date.
 """
 
 from __future__ import annotations

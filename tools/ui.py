@@ -11,7 +11,7 @@ The api-server listens on 127.0.0.1 only; Airflow's log servers (scheduler, trig
 interface and cannot be told otherwise in Airflow 3.3, so they get free ports of their own.
 
 ``--check`` starts it all, checks that the api-server answers, lists the DAG and serves the datasets
-page, and stops: what ``tests/test_ui.py`` runs.
+page, and stops: what ``tests/airflow/test_ui.py`` runs.
 """
 
 from __future__ import annotations

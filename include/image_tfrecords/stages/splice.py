@@ -23,7 +23,7 @@ was read), the rest (short runs, the new records) is uploaded; the whole shard's
 the object's metadata (``S3Store.compose``). Gzip
 shards (one compressed stream, no record boundaries) take the record-by-record path,
 ``rewrite_shard``, which stays the reference that splicing must match byte for byte
-(tests/test_splice.py).
+(tests/pipeline/test_splice.py).
 """
 
 from __future__ import annotations

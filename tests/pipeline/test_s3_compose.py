@@ -1,0 +1,166 @@
+"""Spliced shards on S3 (issue 22): kept runs copied by the store with ``UploadPartCopy``, the rest uploaded.
+
+Real parts: the SeaweedFS server (which enforces S3's 5 MiB minimum part and checks each part's
+SHA-256), the pipeline's stages, TensorFlow reading what was published.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from image_tfrecords import stages
+from image_tfrecords.errors import SourceChanged
+from image_tfrecords.published import layout
+from image_tfrecords.stages.splice import splice_shard
+from image_tfrecords.stages.staging import PLAN, RECEIPTS, SHARDS, staged
+from image_tfrecords.stages.write import rewrite_shard
+from image_tfrecords.storage import Segment, Storage, join, split_s3
+from image_tfrecords.storage.documents import read_json
+from image_tfrecords.storage.multipart import MIN_PART, copied_bytes, plan_parts
+from tests.pipeline.test_incremental import Source, build, config, read
+
+MiB = 1 << 20
+
+
+def segments_of(pieces: list[tuple[bytes, str | None, int]]) -> list[Segment]:
+    return [Segment(len(data), lambda start, count, data=data: data[start:start + count], source, offset)
+            for data, source, offset in pieces]
+
+
+def assembled(parts, sources: dict[str, bytes]) -> bytes:
+    return b"".join(sources[p.source][p.offset:p.offset + p.length] if p.source else p.body() for p in parts)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_planned_parts_follow_s3s_rules_and_give_the_same_bytes(seed: int) -> None:
+    """Random runs of a base object and new bytes (with a 100-byte minimum part so that many shapes
+    occur): every part but the last is at least the minimum, only ranges of the base are copied, and
+    the parts joined are the segments joined."""
+    rng = random.Random(seed)
+    base = rng.randbytes(5000)
+    pieces, expected = [], b""
+    for _ in range(rng.randint(1, 12)):
+        if rng.random() < 0.7:
+            start = rng.randrange(len(base))
+            stop = min(len(base), start + rng.choice([1, 30, 99, 100, 150, 250, 700]))
+            pieces.append((base[start:stop], "s3://b/base", start))
+        else:
+            data = rng.randbytes(rng.choice([1, 50, 120, 400]))
+            pieces.append((data, None, 0))
+        expected += pieces[-1][0]
+    parts = plan_parts(segments_of(pieces), min_part=100, max_copy=300, max_put=250)
+    assert assembled(parts, {"s3://b/base": base}) == expected
+    assert all(p.size >= 100 for p in parts[:-1])
+    assert all(p.size <= 300 for p in parts if p.source)
+    assert all(p.size <= 2 * 250 for p in parts if not p.source)
+    copyable = [len(d) for d, source, _ in pieces if source]
+    if any(n >= 200 for n in copyable):  # a run of twice the minimum is always copied, at least in part
+        assert copied_bytes(parts) > 0
+
+
+def test_compose_copies_long_runs_in_the_store(s3_storage: Storage, bucket: str) -> None:
+    """Long runs of the base object are copied server-side, short ones and new bytes uploaded; the object is
+    exactly the segments, and its SHA-256 is the whole object's (from its metadata), also after a copy."""
+    rng = random.Random(7)
+    base_uri, dst = f"s3://{bucket}/base", f"s3://{bucket}/new"
+    base = rng.randbytes(20 * MiB)
+    s3_storage.write_bytes(base_uri, base)
+    tag = s3_storage.s3.head_object(Bucket=bucket, Key="base")["ETag"]
+    pieces = [(base[:6 * MiB], base_uri, 0), (base[7 * MiB:7 * MiB + 1000], base_uri, 7 * MiB),
+              (rng.randbytes(3 * MiB), None, 0), (base[8 * MiB:20 * MiB], base_uri, 8 * MiB),
+              (rng.randbytes(5000), None, 0)]
+    expected = b"".join(data for data, _, _ in pieces)
+    digest = hashlib.sha256(expected).hexdigest()
+    copied = s3_storage.compose(dst, segments_of(pieces), digest, {base_uri: tag})
+    assert s3_storage.read_bytes(dst) == expected
+    # the first run whole; the last one less the bytes that topped the uploaded part before it up to 5 MiB
+    assert copied == 6 * MiB + 12 * MiB - (MIN_PART - 3 * MiB - 1000)
+    assert s3_storage.sha256_of(dst) == digest
+    head = s3_storage.s3.head_object(Bucket=bucket, Key="new")
+    assert head["ETag"].strip('"').endswith("-4")  # copy, upload (topped up), copy, upload
+    s3_storage.copy(dst, f"s3://{bucket}/published", sha256=digest)  # what publish does
+    assert s3_storage.sha256_of(f"s3://{bucket}/published") == digest
+
+
+def test_compose_refuses_a_base_that_changed_after_it_was_read(s3_storage: Storage, bucket: str) -> None:
+    base_uri, dst = f"s3://{bucket}/base", f"s3://{bucket}/new"
+    s3_storage.write_bytes(base_uri, b"a" * 12 * MiB)
+    tag = s3_storage.s3.head_object(Bucket=bucket, Key="base")["ETag"]
+    s3_storage.write_bytes(base_uri, b"b" * 12 * MiB)  # replaced between the read and the copy
+    segments = segments_of([(b"a" * 12 * MiB, base_uri, 0), (b"new", None, 0)])
+    with pytest.raises(SourceChanged, match="changed after it was read"):
+        s3_storage.compose(dst, segments, hashlib.sha256(b"a" * 12 * MiB + b"new").hexdigest(), {base_uri: tag})
+    assert not s3_storage.exists(dst)
+    assert not s3_storage.s3.list_multipart_uploads(Bucket=bucket).get("Uploads")  # aborted
+
+
+def test_compose_without_a_long_run_is_one_put(s3_storage: Storage, bucket: str) -> None:
+    base_uri, dst = f"s3://{bucket}/base", f"s3://{bucket}/new"
+    s3_storage.write_bytes(base_uri, b"x" * MiB)
+    expected = b"x" * MiB + b"tail"
+    copied = s3_storage.compose(dst, segments_of([(b"x" * MiB, base_uri, 0), (b"tail", None, 0)]),
+                                hashlib.sha256(expected).hexdigest())
+    assert copied == 0 and s3_storage.read_bytes(dst) == expected
+    assert not s3_storage.s3.head_object(Bucket=bucket, Key="new")["ETag"].strip('"').count("-")
+
+
+def noise_png(rng: np.random.Generator, side: int = 560) -> bytes:
+    """About 0.9 MB of incompressible pixels: a few dozen make runs longer than S3's 5 MiB parts."""
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
+def test_a_night_on_s3_copies_kept_runs_in_the_store(s3_storage: Storage, bucket: str, tmp_path: Path) -> None:
+    """A 30 MB train shard loses two records in its middle and gains one: the night's shard is the reference
+    rewrite byte for byte, its long kept runs were copied by the store (bytes through the worker: the new
+    record and the short top-ups), and TensorFlow reads the published version."""
+    rng = np.random.default_rng(3)
+    folder = tmp_path / "src"
+    for label in ("grain", "static"):
+        (folder / label).mkdir(parents=True)
+        for k in range(18):
+            (folder / label / f"{k:02d}.png").write_bytes(noise_png(rng))
+    source = Source(folder, s3_storage, bucket)
+    dest = f"s3://{bucket}/out"
+    build(s3_storage, source.uri, dest, "d", "v1", shard_size_mb=64)
+    v1 = read(s3_storage, join(dest, "d", "v1"))
+    train = [r["filename"] for r in v1.records if r["split"] == "train"]  # in the shard's order
+    assert len(v1.manifest["splits"]["train"]["shards"]) == 1 and len(train) > 20
+    for name in (train[7], train[15]):
+        source.delete(name)
+    source.put("grain/new.png", noise_png(rng))
+    cfg = config(source.uri, dest, "d", "v2", shard_size_mb=64)
+    for stage in stages.PIPELINE[:4]:  # discover, inspect, split, plan
+        stage.run(cfg, s3_storage, **({"workers": 1} if stage.per_image else {}))
+    rewrites = read_json(s3_storage, staged(cfg, PLAN))["rewrite"]
+    shard, origin = next((s, o) for s, o in rewrites.items() if s.startswith("train"))
+    assert len(origin["runs"]) == 3
+    shard_uri = staged(cfg, SHARDS, shard)
+    reference = rewrite_shard(cfg, s3_storage, shard, origin, read_workers=1)
+    want = s3_storage.read_bytes(shard_uri)
+    s3_storage.delete(staged(cfg, RECEIPTS, shard + ".json"))
+    s3_storage.delete(shard_uri)
+    checked = splice_shard(cfg, s3_storage, shard, origin, read_workers=1)
+    assert s3_storage.read_bytes(shard_uri) == want
+    assert checked["sha256"] == reference["sha256"] == hashlib.sha256(want).hexdigest()
+    assert checked["bytes_copied"] > 0.6 * len(want)
+    assert checked["bytes_copied"] + checked["bytes_written"] == len(want)
+    assert s3_storage.sha256_of(shard_uri) == checked["sha256"]
+    parts = s3_storage.s3.head_object(Bucket=bucket, Key=split_s3(shard_uri)[1])["ETag"].strip('"').split("-")[1]
+    assert int(parts) >= 3  # a multipart object: copied runs and uploaded bytes, not one PUT
+
+    result = stages.run_pipeline(cfg, s3_storage)
+    v2 = read(s3_storage, result["uri"])  # TensorFlow reads every record, checks each shard's SHA-256
+    assert sorted(r["filename"] for r in v2.records) == sorted(source.files())
+    entry = next(s for s in v2.manifest["splits"]["train"]["shards"])
+    assert s3_storage.sha256_of(join(result["uri"], entry["file"])) == entry["sha256"] == checked["sha256"]
+    assert v2.build["bytes_copied"] >= checked["bytes_copied"]
+    assert layout.read_manifest(s3_storage, result["uri"])["build"]["shards_spliced"] >= 1

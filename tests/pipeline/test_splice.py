@@ -1,0 +1,178 @@
+"""Spliced shards (issue 22): byte ranges of the base shard plus new records, the same bytes as the
+record-by-record reference path, with only the new records parsed.
+
+Real parts: a local folder, the pipeline's stages, TensorFlow reading what was published.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from image_tfrecords import stages
+from image_tfrecords.published import layout
+from image_tfrecords.stages.splice import splice_shard
+from image_tfrecords.stages.staging import PLAN, RECEIPTS, SHARDS, staged
+from image_tfrecords.stages.write import rewrite_shard
+from image_tfrecords.storage import Storage, join
+from image_tfrecords.storage.documents import read_json
+from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read
+
+
+def night(tmp_path: Path, per_class: int = 12, bucket: str | None = None):
+    """v1, then a night: scattered deletions, a changed image, added images; stages run up to the plan.
+    With a ``bucket``, source and destination are on the S3 server."""
+    storage = Storage()
+    source = base_source(tmp_path, storage, bucket, per_class=per_class)
+    dest = f"s3://{bucket}/out" if bucket else str(tmp_path / "out")
+    build(storage, source.uri, dest, "d", "v1")
+    names = sorted(source.files())
+    for name in names[::7]:
+        source.delete(name)
+    changed = names[3]
+    images = Images(tmp_path / "new")
+    source.put(changed, images.take(1, Path(changed).suffix)[0][1])
+    add(source, images, "triangles", "n", 4)
+    cfg = config(source.uri, dest, "d", "v2")
+    for stage in stages.PIPELINE[:4]:  # discover, inspect, split, plan
+        stage.run(cfg, storage, **({"workers": 1} if stage.per_image else {}))
+    return storage, source, cfg
+
+
+@pytest.fixture(params=["local", "s3"])
+def bucket_or_none(request: pytest.FixtureRequest) -> str | None:
+    if request.param == "local":
+        return None
+    request.getfixturevalue("s3_env")
+    return request.getfixturevalue("bucket")
+
+
+def test_a_spliced_shard_is_the_reference_rewrite_byte_for_byte(tmp_path: Path, bucket_or_none: str | None) -> None:
+    storage, _, cfg = night(tmp_path, bucket=bucket_or_none)
+    rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
+    assert rewrites and all(origin["runs"] for origin in rewrites.values())
+    assert any(len(origin["runs"]) > 1 for origin in rewrites.values()), "no shard lost a record in its middle"
+    assert any(origin["appended"] for origin in rewrites.values()), "no shard took new records"
+    for shard, origin in sorted(rewrites.items()):
+        shard_uri = staged(cfg, SHARDS, shard)
+        reference = rewrite_shard(cfg, storage, shard, origin, read_workers=1)
+        want = storage.read_bytes(shard_uri), storage.read_bytes(layout.index_file(shard_uri))
+        storage.delete(staged(cfg, RECEIPTS, shard + ".json"))  # not "already written": splice it
+        storage.delete(shard_uri)
+        checked = splice_shard(cfg, storage, shard, origin, read_workers=1)
+        got = storage.read_bytes(shard_uri), storage.read_bytes(layout.index_file(shard_uri))
+        assert got == want, shard
+        assert checked["sha256"] == reference["sha256"] == hashlib.sha256(got[0]).hexdigest()
+        assert checked["index_sha256"] == reference["index_sha256"]
+        assert checked["records_parsed"] == origin["appended"] == checked["num_records"] - origin["kept"]
+        assert checked["bytes_copied"] + checked["bytes_written"] == checked["num_bytes"] == len(got[0])
+        assert checked["base_bytes_read"] == origin["num_bytes"]
+
+
+def test_a_night_parses_only_its_new_records_and_copies_the_rest(tmp_path: Path) -> None:
+    storage, source, cfg = night(tmp_path)
+    result = stages.run_pipeline(cfg, storage)
+    v2 = read(storage, result["uri"])
+    check_version(storage, v2, source.files())
+    build_facts = v2.build
+    new_records = build_facts["files_inspected"]  # the added and changed images: the only files read
+    assert build_facts["shards_spliced"] == build_facts["shards_rewritten"] > 0
+    assert build_facts["records_parsed"] == new_records
+    entries = v2.entries
+    assert build_facts["bytes_copied"] + build_facts["bytes_written"] == sum(e["num_bytes"] for e in entries.values())
+    base = layout.read_manifest(storage, join(cfg.dataset_uri, "v1"))
+    spliced_from = Counter(e["rewritten_from"]["file"] for e in entries.values() if "rewritten_from" in e)
+    base_bytes = {s["file"]: s["num_bytes"] for info in base["splits"].values() for s in info["shards"]}
+    assert build_facts["base_bytes_read"] == sum(base_bytes[f] for f in spliced_from)
+
+
+@pytest.mark.parametrize("damage", ["index", "framing"])
+def test_a_base_whose_index_or_framing_lies_is_not_spliced(damage: str, tmp_path: Path) -> None:
+    """A base .tfindex that no longer lists the records end to end, or a record whose length field was
+    changed (and the index with it): the shard is written from the source, and holds the right records."""
+    storage, _, cfg = night(tmp_path)
+    rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
+    shard, origin = next((s, o) for s, o in sorted(rewrites.items()) if o["kept"] > 1)
+    old = Path(cfg.dataset_uri, "v1", origin["file"])
+    index = Path(layout.index_file(str(old)))
+    lines = index.read_text().splitlines()
+    if damage == "index":
+        start, length = lines[1].split()
+        lines[1] = f"{int(start) + 1} {length}"
+        index.write_text("\n".join(lines) + "\n")
+        origin = {**origin, "index_sha256": None}  # as a base from before index digests
+    else:
+        data = bytearray(old.read_bytes())
+        start = int(lines[origin["runs"][0][0]].split()[0])
+        data[start] ^= 0x01  # the first kept record's length field
+        old.write_bytes(bytes(data))
+    checked = splice_shard(cfg, storage, shard, origin, read_workers=1)
+    assert checked["fallback"].startswith(f"{old} is damaged")
+    assert "rewritten_from" not in checked
+    check = stages.validate_shard(cfg, storage, shard)
+    assert check["num_records"] == checked["num_records"]
+
+
+def test_records_keep_their_place_across_nights(tmp_path: Path) -> None:
+    """labels.csv's shard_position is each record's line in its shard's .tfindex, night after night."""
+    storage, source, cfg = night(tmp_path, per_class=8)
+    stages.run_pipeline(cfg, storage)
+    images = Images(tmp_path / "more", seed=5000)
+    for number in range(3, 5):
+        for name in sorted(source.files())[::5]:
+            source.delete(name)
+        add(source, images, "circles", f"n{number}", 3)
+        build(storage, source.uri, cfg.destination, "d", f"v{number}")
+        version = read(storage, join(cfg.dataset_uri, f"v{number}"))
+        check_version(storage, version, source.files())  # checks shard_position against TensorFlow's order
+        assert version.build["mode"] == "incremental"
+
+
+def test_odd_file_names_survive_nights_of_rows_copied_as_text(tmp_path: Path) -> None:
+    """Names with commas, quotes, a line feed and a carriage return (quoted CSV fields spanning lines):
+    the nights that copy inspected.csv, records.csv and labels.csv rows on as text keep them whole."""
+    storage = Storage()
+    source = base_source(tmp_path, storage, None, per_class=6)
+    images = Images(tmp_path / "odd")
+    odd = ['circles/a,b.jpg', 'circles/say "cheese".jpg', 'squares/two\nlines.jpg', 'squares/cr\rhere.jpg',
+           'triangles/"quoted".jpg']
+    for name in odd:
+        source.put(name, images.take(1, ".jpg")[0][1])
+    dest = str(tmp_path / "out")
+    build(storage, source.uri, dest, "d", "v1")
+    for number, name in enumerate(odd[:2]):
+        source.delete(name)
+        add(source, images, "squares", f"night{number}", 2)
+        build(storage, source.uri, dest, "d", f"v{number + 2}")
+        version = read(storage, join(dest, "d", f"v{number + 2}"))
+        check_version(storage, version, source.files())
+        assert version.build["mode"] == "incremental" and version.build["inspections_reused"] > 0
+        full = tmp_path / f"full{number}"
+        build(storage, source.uri, str(full), "d", f"v{number + 2}", full=True)
+        assert version.rows == read(storage, join(str(full), "d", f"v{number + 2}")).rows
+
+
+def test_without_copy_file_range_the_bytes_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system or kernel that cannot copy_file_range (another device, a FUSE mount): the kept
+    bytes are written from the mapped base instead, to the same shard."""
+    import errno
+    import os
+
+    storage, _, cfg = night(tmp_path)
+    rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
+    shard, origin = sorted(rewrites.items())[0]
+    shard_uri = staged(cfg, SHARDS, shard)
+    splice_shard(cfg, storage, shard, origin, read_workers=1)
+    want = Path(shard_uri).read_bytes()
+    storage.delete(staged(cfg, RECEIPTS, shard + ".json"))
+    storage.delete(shard_uri)
+
+    def refuse(*_: object) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    checked = splice_shard(cfg, storage, shard, origin, read_workers=1)
+    assert Path(shard_uri).read_bytes() == want and "fallback" not in checked

@@ -1,0 +1,1 @@
+"""Reading published versions: the loader, TFDS, PyTorch, from a pip install."""
