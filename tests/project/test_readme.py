@@ -135,3 +135,24 @@ def test_generated_docs_are_current() -> None:
     stale = [name for name, text in DOCS.items() if render(text) != text]
     assert not stale, f"docs/{stale} out of date: run `make docs`"
     assert "<!-- generated: params -->" in DOCS["dag.md"]
+
+
+def test_every_python_snippet_in_the_docs_is_run_by_a_test() -> None:
+    """A Python snippet in docs/ or the README is run from where it stands: docs/loader.md's all
+    (tests/readers/test_loader_docs.py), docs/readers.md's marked ones (tests/readers/test_readers_from_pip.py),
+    the README's tf.data one (above) and its import line (here). A new snippet elsewhere fails this test until a
+    test runs it."""
+    runners = {"loader.md": "every snippet", "readers.md": "<!-- reader: "}
+    for name, text in DOCS.items():
+        blocks = re.findall(r"(.{0,80})\n```python\n", text, re.S)
+        if not blocks:
+            continue
+        assert name in runners, f"docs/{name} has Python snippets no test runs"
+        if name == "readers.md":
+            assert all(runners[name] in before for before in blocks), "a docs/readers.md snippet is not marked"
+    readme_blocks = re.findall(r"^```python\n(.*?)^```$", README, re.S | re.M)
+    assert snippet("read-split") in readme_blocks
+    for code in readme_blocks:
+        if code != snippet("read-split"):
+            run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr[-2000:]

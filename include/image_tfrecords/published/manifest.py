@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DamagedFile
-from ..options import DEFAULT_SEPARATOR
+from ..options import DEFAULT_SEPARATOR, default
 from ..records.schema import RAW_KEY
 
 FORMAT_VERSION = 1  # 1: the first versioned format (0.5.0); absent: an older manifest
@@ -171,7 +171,7 @@ def image_shape(manifest: Mapping[str, Any]) -> tuple[int | None, int | None, in
     options = manifest.get("image") or {}  # the JSON as read: absent in versions before the options
     height = width = channels = None
     match = re.fullmatch(r"(\d+)x(\d+)", str(options.get("resize", "none")))
-    if match and (options.get("fit", "crop") == "pad" or options.get("upscale") is True):
+    if match and (options.get("fit", default("fit")) == "pad" or options.get("upscale") is True):
         width, height = int(match.group(1)), int(match.group(2))
     if options.get("channels") in (1, 3, 4):
         channels = int(options["channels"])
