@@ -38,7 +38,7 @@ class Option:
     """One option. ``kind``: its JSON-schema type (``string``, ``number``, ``integer``, ``boolean``,
     ``object``). ``flag``: the command line's (None: not a flag; ``--no-X`` for a boolean that is on by
     default); ``param``: the DAG's Param name (None: no Param); ``config``: False for an option that is
-    not a ``BuildConfig`` field (``force``, ``workers``)."""
+    not a ``BuildConfig`` field (``force``, the form's ``version``)."""
 
     name: str
     kind: str
@@ -54,6 +54,8 @@ class Option:
     exclusive_minimum: bool = False
     choices: tuple[Any, ...] | None = None
     pattern: str | None = None
+    min_length: int | None = None
+    max_length: int | None = None
     nullable: bool = False
     required_flag: bool = False  # the command line has no default for it
     env: str | None = None  # the environment variable that sets the DAG's default (Docker Compose sets them)
@@ -120,10 +122,10 @@ class Option:
             out["enum"] = list(self.choices)
         if self.pattern is not None:
             out["pattern"] = self.pattern
-        if self.kind == "string" and self.name in ("source", "destination"):
-            out["minLength"] = 1
-        if self.name == "label_separator":
-            out["minLength"] = out["maxLength"] = 1
+        if self.min_length is not None:
+            out["minLength"] = self.min_length
+        if self.max_length is not None:
+            out["maxLength"] = self.max_length
         return out
 
 
@@ -134,10 +136,10 @@ def _num(value: float | None) -> str:
 OPTIONS: tuple[Option, ...] = (
     Option("source", "string", "/opt/airflow/data/sample", "Source",
            "Local folder or s3://bucket/prefix holding one folder per class (or a labels.csv with columns "
-           "filename,label).", INPUT, required_flag=True, env="IMAGE_TFRECORDS_SOURCE"),
+           "filename,label).", INPUT, min_length=1, required_flag=True, env="IMAGE_TFRECORDS_SOURCE"),
     Option("destination", "string", DEFAULT_DESTINATION, "Destination",
            "Local folder or s3://bucket/prefix; the dataset is published under DESTINATION/DATASET/VERSION/.",
-           OUTPUT, required_flag=True, env="IMAGE_TFRECORDS_DESTINATION"),
+           OUTPUT, min_length=1, required_flag=True, env="IMAGE_TFRECORDS_DESTINATION"),
     Option("dataset", "string", DEFAULT_DATASET, "Dataset name",
            "Folder name of the dataset under the destination.", OUTPUT, pattern=f"^{NAME_PATTERN}$",
            required_flag=True, env="IMAGE_TFRECORDS_DATASET"),
@@ -192,7 +194,7 @@ OPTIONS: tuple[Option, ...] = (
            "rejects its image.", IMAGES),
     Option("label_separator", "string", DEFAULT_SEPARATOR, "Label separator",
            "Separates the classes of a labels.csv 'labels' column (several classes per image) and the items of "
-           "list columns.", IMAGES),
+           "list columns.", IMAGES, min_length=1, max_length=1),
     Option("modern_formats", "boolean", True, "HEIC, AVIF and JPEG XL",
            "Decode HEIC/HEIF, AVIF and JPEG XL photos (stored as lossless PNG or the chosen encoding); off: their "
            "files are skipped and counted.", INPUT, flag="--no-modern-formats"),
