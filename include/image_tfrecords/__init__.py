@@ -1,10 +1,11 @@
 """Turn folders of labelled images into validated, published TFRecord datasets.
 
-Pure Python (no Airflow import): the DAG in ``dags/`` and the command line both call
-``stages``. Heavy libraries (Pillow, boto3, TensorFlow, pandas) are imported where they are used.
+Plain Python: the DAG in ``dags/`` and the command line both call ``stages``; Airflow is imported by
+one module only, ``airflow_glue``, inside its functions. Heavy libraries (Pillow, boto3, TensorFlow,
+pandas) are imported where they are used.
 
 The reading side is exported here lazily (PEP 562): ``from image_tfrecords import load_split``
-imports ``loader`` on first use, so ``import image_tfrecords`` imports nothing (not even ``typing``).
+imports ``readers.loader`` on first use, so ``import image_tfrecords`` imports nothing (not even ``typing``).
 """
 
 from __future__ import annotations
