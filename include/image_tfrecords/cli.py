@@ -30,7 +30,7 @@ from typing import Any
 from . import stages
 from .config import BuildConfig, ConfigError, check_location, parse_columns, parse_splits
 from .errors import BuildError, ImageTfrecordsError, LockHeld
-from .options import DEFAULT_SPLITS, IMAGES, OPTIONS, Option
+from .options import IMAGES, OPTIONS, Option
 from .parallel import process_pool
 from .published import layout
 from .published.cleanup import clean_staging
@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def config_of(args: argparse.Namespace) -> BuildConfig:
+    """The ``BuildConfig`` of parsed ``build`` arguments: every option that has a flag, the object ones
+    (``--splits``, ``--columns``) parsed from their text."""
+    given = {o.name: getattr(args, o.name) for o in OPTIONS if o.config and o.cli_flag is not None}
+    return BuildConfig(**{**given, "splits": parse_splits(args.splits), "columns": parse_columns(args.columns)},
+                       version=args.version or default_version())
+
+
 def _add_flag(group: Any, option: Option) -> None:
     """The command-line flag of a build option (``options.OPTIONS``): its help and default from the spec."""
     flag, help_text = option.cli_flag, option.help.rstrip(".")
@@ -103,8 +111,9 @@ def _add_flag(group: Any, option: Option) -> None:
     if option.required_flag:
         group.add_argument(flag, dest=option.name, required=True, help=help_text)
         return
-    shown = {"splits": ",".join(f"{k}={v}" for k, v in DEFAULT_SPLITS.items()), "columns": ""}
-    value = shown.get(option.name, option.default)
+    value = option.default  # an object option is given as NAME=VALUE,... text on the command line
+    if option.kind == "object":
+        value = ",".join(f"{k}={v}" for k, v in value.items())
     kind = {"number": float, "integer": int}.get(option.kind, str)
     choices = option.choices if option.kind == "string" else None  # numbers: BuildConfig's one-line error
     group.add_argument(flag, dest=option.name, type=kind, default=value, choices=choices,
@@ -272,9 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "clean":
             return _clean(args)
-        given = {o.name: getattr(args, o.name) for o in OPTIONS if o.config and o.cli_flag is not None}
-        cfg = BuildConfig(**{**given, "splits": parse_splits(args.splits), "columns": parse_columns(args.columns)},
-                          version=args.version or default_version())
+        cfg = config_of(args)
         if args.workers < 1:
             raise ConfigError("--workers must be at least 1")
         started = time.perf_counter()

@@ -215,10 +215,11 @@ def default(name: str) -> Any:
 
 
 def checked_by_spec() -> Iterator[Option]:
-    """The ``BuildConfig`` fields whose type, bounds and choices ``Option.check`` decides alone (the others
-    have checks of their own: locations, names, splits, resize, columns, separator, image options)."""
-    return (o for o in OPTIONS if o.config and (o.kind in ("number", "integer", "boolean") or o.name == "compression")
-            and o.name not in ("jpeg_quality", "channels", "upscale"))
+    """The ``BuildConfig`` fields whose type, bounds and choices ``Option.check`` decides alone: numbers,
+    booleans and choices outside the image options (``transform.check_options`` checks those, with their
+    combinations); locations, names, splits, resize, columns and the separator have checks of their own."""
+    return (o for o in OPTIONS if o.config and o.section != IMAGES
+            and (o.kind in ("number", "integer", "boolean") or o.choices is not None))
 
 
 def params_table() -> str:

@@ -25,10 +25,8 @@ def test_every_config_field_is_an_option_with_the_same_default() -> None:
 
 def test_the_command_lines_defaults_make_the_default_config() -> None:
     args = cli._parser().parse_args(["build", "--source", "s", "--destination", "d", "--dataset", "n"])
-    given = {o.name: getattr(args, o.name) for o in options.OPTIONS if o.config and o.cli_flag is not None}
-    cfg = BuildConfig(**{**given, "splits": cli.parse_splits(args.splits), "columns": cli.parse_columns(args.columns)},
-                      version="v")
-    assert cfg == BuildConfig(source="s", destination="d", dataset="n", version="v")
+    args.version = "v"
+    assert cli.config_of(args) == BuildConfig(source="s", destination="d", dataset="n", version="v")
     assert args.force is False and args.modern_formats is True
 
 
