@@ -1,6 +1,7 @@
 """What the stack tests (tests/airflow/test_stack.py, tests/airflow/test_stack_celery.py) share: a PostgreSQL server of
 their own (a fixture over ``tools.airflow_stack``, which ``make bench`` uses too), bounded waiting, the
-Airflow environment, and the Airflow components as processes stopped by PID, driven through the REST API."""
+Airflow environment and its migration (``tools.airflow_env``), and the Airflow components as processes
+stopped by PID, driven through the REST API."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tools.airflow_env import AIRFLOW, POOL, ROOT, migrate  # noqa: F401 - re-exported for the stack tests
 from tools.airflow_stack import (  # noqa: F401 - re-exported for the stack tests
-    AIRFLOW,
     PG_BIN,
-    ROOT,
     Stack,
     airflow_env,
     ensure_debian_package,

@@ -1,7 +1,7 @@
 """A stack of Airflow components on this machine, without Docker: a PostgreSQL server of its own
-(Debian's package), the Airflow environment, and the components as processes stopped by PID (process
-group), driven through the REST API. Used by the stack tests (``tests/stack_support.py``) and by
-``make bench`` (the DAG on a real scheduler)."""
+(Debian's package), the Airflow environment (over ``tools.airflow_env``), and the components as
+processes stopped by PID (process group), driven through the REST API. Used by the stack tests
+(``tests/stack_support.py``) and by ``make bench`` (the DAG on a real scheduler)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -20,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tools import seaweedfs
+from tools.airflow_env import AIRFLOW, environment
 
-ROOT = Path(__file__).resolve().parent.parent
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
@@ -85,20 +83,17 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5) -> Any
 
 
 def airflow_env(home: Path, postgres: str, api_port: int, s3_server: seaweedfs.S3Server, executor: str,
-                parallelism: int = 4) -> dict[str, str]:
+                parallelism: int = 4, pool: str | None = None) -> dict[str, str]:
     """The environment every Airflow component of a stack test runs with (this process's, without
     its AIRFLOW* and AWS_* variables): the project's DAG and plugins, the PostgreSQL database,
-    the execution API on the api-server, all-admins auth, and ``aws_default`` on the S3 server."""
+    the execution API on the api-server, all-admins auth, ``aws_default`` on the S3 server, and
+    ``pool`` (if given) for the shard writers."""
     return {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "AWS_"))},
-        "AIRFLOW_HOME": str(home), "PYTHONPATH": str(ROOT),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "false", "AIRFLOW__CORE__EXECUTOR": executor,
-        "AIRFLOW__CORE__PARALLELISM": str(parallelism), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres,
+        **environment(home, s3_server, database=postgres, executor=executor, parallelism=parallelism,
+                      all_admins=True, pool=pool),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True", "AIRFLOW__API_AUTH__JWT_SECRET": "stack-test",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "stack-test",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False", "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW_CONN_AWS_DEFAULT": s3_server.airflow_connection(),
     }
 
 

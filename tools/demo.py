@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from image_tfrecords.images.sample import make_sample  # noqa: E402
 from image_tfrecords.storage import Storage, join  # noqa: E402
-from tools import seaweedfs  # noqa: E402
+from tools import airflow_env, seaweedfs  # noqa: E402
 
 BUCKET, DATASET = "datasets", "demo"
 
@@ -46,19 +46,16 @@ def main() -> int:
     try:
         server.create_bucket(BUCKET)
         home = work / "airflow"
-        env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-               "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
-               "PYTHONPATH": str(ROOT), "AIRFLOW_CONN_AWS_DEFAULT": server.airflow_connection()}
-        airflow = str(Path(sys.executable).with_name("airflow"))
+        env = airflow_env.environment(home, server, drop=())  # the caller's AIRFLOW*/AWS_* settings kept
         _step(f"migrating the Airflow database in {home}")
-        subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+        airflow_env.migrate(env, timeout=None, quiet=False)
         logical_date = datetime.now(UTC).replace(microsecond=0)
         conf = {"source": str(sample), "destination": f"s3://{BUCKET}", "dataset": DATASET,
                 "shard_size_mb": 0.1, "compression": "none"}
         _step(f"airflow dags test image_tfrecords {logical_date.isoformat()}")
         log = work / "dags-test.log"
         with open(log, "w") as out:
-            result = subprocess.run([airflow, "dags", "test", "image_tfrecords", logical_date.isoformat(),
+            result = subprocess.run([airflow_env.AIRFLOW, "dags", "test", "image_tfrecords", logical_date.isoformat(),
                                      "-c", json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT)
         if result.returncode != 0:
             print(f"the DAG run failed; its log is {log}", file=sys.stderr)

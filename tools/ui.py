@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from image_tfrecords.images.sample import make_sample  # noqa: E402 - the project root is importable only now
-from tools import seaweedfs  # noqa: E402
+from tools import airflow_env, seaweedfs  # noqa: E402
+from tools.airflow_env import AIRFLOW  # noqa: E402
 
-AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 BUCKET = "datasets"
 START_SECONDS = 240.0
 
@@ -47,17 +47,13 @@ def environment(work: Path, server: seaweedfs.S3Server, ports: list[int]) -> dic
     ports for the log servers (so that it runs beside another Airflow on this machine)."""
     port, worker_logs, trigger_logs = ports
     return {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "AWS_"))},
-        "AIRFLOW_HOME": str(work / "airflow"), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
+        **airflow_env.environment(work / "airflow", server),  # SQLite; standalone migrates it
         "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_logs),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_logs),
-        "AIRFLOW_CONN_AWS_DEFAULT": server.airflow_connection(),
         "IMAGE_TFRECORDS_SOURCE": str(work / "sample"),
         "IMAGE_TFRECORDS_DESTINATION": f"s3://{BUCKET}/image-tfrecords",
-        "PYTHONPATH": str(ROOT),
         "PATH": os.pathsep.join([str(Path(AIRFLOW).parent), os.environ.get("PATH", "")]),  # standalone runs "airflow"
     }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from image_tfrecords.storage import Storage
 from tests import stack_support
-from tests.stack_support import AIRFLOW, Stack, _wait, airflow_env
+from tests.stack_support import AIRFLOW, POOL, Stack, _wait, airflow_env, migrate
 from tests.tf_reader import read_version
 from tools import seaweedfs
 
@@ -52,14 +52,11 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
     home = tmp_path / "airflow"
     (home / "logs").mkdir(parents=True)
     env = {
-        **airflow_env(home, postgres, api_port, s3_server, "LocalExecutor"),
+        **airflow_env(home, postgres, api_port, s3_server, "LocalExecutor", pool=POOL),
         "IMAGE_TFRECORDS_SOURCE": str(source), "IMAGE_TFRECORDS_DESTINATION": f"s3://{bucket}/datasets",
         "IMAGE_TFRECORDS_DATASET": "nightly", "IMAGE_TFRECORDS_RETRY_DELAY_SECONDS": "5",
-        "IMAGE_TFRECORDS_POOL": "image_tfrecords",
     }
-    subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
-    subprocess.run([AIRFLOW, "pools", "set", "image_tfrecords", "4", "image_tfrecords shard writing"], env=env,
-                   check=True, capture_output=True, timeout=120)  # the project's setup, as in docker compose
+    migrate(env, pool_slots=4)  # the project's setup, as in docker compose
     stack = Stack(env, api_port, home / "logs")
     try:
         stack.start()

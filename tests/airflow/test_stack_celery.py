@@ -24,7 +24,7 @@ import pytest
 
 from image_tfrecords.storage import Storage
 from tests import stack_support
-from tests.stack_support import AIRFLOW, Stack, _wait, airflow_env, ensure_debian_package
+from tests.stack_support import POOL, Stack, _wait, airflow_env, ensure_debian_package, migrate
 from tests.tf_reader import read_version
 from tools import seaweedfs
 
@@ -127,17 +127,15 @@ def test_celery_stack_spreads_mapped_tasks_over_two_workers(
     env = {
         # Parallelism above the workers' 2 x 2 slots: queued tasks wait in redis for whichever
         # worker is free, rather than in the scheduler. (The pool's 4 slots cap the mapped tasks.)
-        **airflow_env(home, postgres, api_port, s3_server, "CeleryExecutor", parallelism=8),
+        **airflow_env(home, postgres, api_port, s3_server, "CeleryExecutor", parallelism=8, pool=POOL),
         "AIRFLOW__CELERY__BROKER_URL": redis_broker,
         "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + postgres.replace("postgresql+psycopg2://", "postgresql://"),
         "AIRFLOW__CELERY__SYNC_PARALLELISM": "1",  # the scheduler sends and syncs in-process: no extra pool
         # No nightly run on unpausing (catchup is off, so there would be one): only the run below.
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-        "IMAGE_TFRECORDS_RETRY_DELAY_SECONDS": "5", "IMAGE_TFRECORDS_POOL": "image_tfrecords",
+        "IMAGE_TFRECORDS_RETRY_DELAY_SECONDS": "5",
     }
-    subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
-    subprocess.run([AIRFLOW, "pools", "set", "image_tfrecords", "4", "image_tfrecords shard writing"], env=env,
-                   check=True, capture_output=True, timeout=120)  # the project's setup, as in docker compose
+    migrate(env, pool_slots=4, timeout=300)  # the project's setup, as in docker compose
     stack = Stack(env, api_port, home / "logs")
     folders: list[Path] = []
     try:

@@ -41,8 +41,9 @@ def test_a_build_writes_what_the_parser_reads(sample_dir: Path, tmp_path: Path) 
 def test_an_old_manifest_reads_with_the_meaning_of_its_missing_fields() -> None:
     manifest = Manifest.parse(OLD)
     assert manifest.format_version is None and manifest.build == {} and manifest.labels_sha256 is None
-    assert manifest.image == ImageOptions().describe()  # images stored as read
-    assert manifest.features is None and manifest.columns == {} and manifest.label_separator == "|"
+    assert manifest.image is None and manifest.image_options == ImageOptions().describe()  # stored as read
+    assert manifest.features is None and manifest.columns == {}
+    assert manifest.label_separator is None and manifest.separator == "|"
     assert manifest.splits["train"].shards[0].index_sha256 is None and manifest.num_bytes == 30
     assert manifest.to_json()["format_version"] == FORMAT_VERSION  # written anew: the current format
 

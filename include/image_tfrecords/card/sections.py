@@ -48,7 +48,7 @@ _CHANNELS = {1: "1 (grayscale)", 3: "3 (RGB)", 4: "4 (RGBA)"}
 
 def separator_of(manifest: Manifest) -> str | None:
     """The separator of a multi-label manifest's label cells; None for a single-label one."""
-    return manifest.label_separator if manifest.multi_label else None
+    return manifest.separator if manifest.multi_label else None
 
 
 @dataclass(frozen=True)
@@ -325,13 +325,13 @@ class Card:
 
     def images(self) -> None:
         """The image options the version was built with (a manifest from before them: images as read)."""
-        image, params = self.m.raw.get("image"), self.m.params  # raw: whether the manifest records them
-        given = image if isinstance(image, dict) else params
+        image, params = self.m.image, self.m.params  # image: None where the manifest records no image options
+        given = image if image is not None else params
         o = IMAGE_DEFAULTS | {k: given[k] for k in IMAGE_DEFAULTS if given.get(k) is not None}
         resize, encoding = str(o["resize"]), str(o["encoding"])
         sized = resize not in ("none", "") and "x" in resize and ":" not in resize
         self.blocks.append(Heading("Images", 3))
-        if not isinstance(image, dict) and not any(k in params for k in IMAGE_DEFAULTS):
+        if image is None and not any(k in params for k in IMAGE_DEFAULTS):
             self.blocks.append(Para("The manifest records no image options (a build from before them): images "
                                     "are as stored (original), at their own size."))
         self.blocks.append(Table(("option", "value"), [
@@ -346,12 +346,12 @@ class Card:
 
     def labels(self) -> None:
         """Single- or multi-label, the separator, and the labels.csv metadata columns stored as features."""
-        sep, columns = self.m.label_separator, self.m.columns
+        sep, columns = self.m.separator, self.m.columns
         multi = self.separator is not None
         rows: list[tuple[Cell, ...]] = [
             ("labels", "multi-label: a record has any number of classes (image/class/label and image/class/text "
                        "are lists)" if multi else "single-label: one class per record")]
-        if multi or "label_separator" in self.m.raw:
+        if multi or self.m.label_separator is not None:
             rows.append(("label separator", repr(sep)))
         self.blocks += [Heading("Labels", 3), Table(("option", "value"), rows), Heading("Metadata columns", 3)]
         if not columns:

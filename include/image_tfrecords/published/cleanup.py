@@ -15,12 +15,12 @@ from collections import defaultdict
 from typing import Any
 
 from ..storage import Storage, is_s3, join
+from .layout import STAGING
 from .locking import LOCK_FILE, is_live, read_lock
-
-STAGING = "_staging"
 
 
 def staging_root(dataset_uri: str) -> str:
+    """``DEST/DATASET/_staging``: where every build in progress keeps its files."""
     return join(dataset_uri, STAGING)
 
 

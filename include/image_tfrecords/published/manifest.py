@@ -7,8 +7,8 @@ gets its meaning here, once: "no previous version", "images stored as read", "no
 manifest that is not an object with the fields every version has (``version``, ``classes``,
 ``splits`` with their shards) is ``DamagedFile``.
 
-Consumers use the attributes. A ``Manifest`` is also a read-only mapping of the JSON as it was read
-(``manifest["splits"]``), for code that still reads keys; new code should not.
+The project's code uses the attributes. A ``Manifest`` is also a read-only mapping of the JSON as it
+was read, so users' code written against the JSON (``loader.info(uri)["splits"]``) keeps working.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ class Manifest(Mapping[str, Any]):
     source_fingerprint: str = ""
     as_of: str | None = None
     features: Mapping[str, Any] | None = None  # None: made before the manifest listed them
-    image: Mapping[str, Any] = field(default_factory=lambda: _images_as_read())  # absent: stored as read
+    image: Mapping[str, Any] | None = None  # None: made before the image options (stored as read: ``image_options``)
     multi_label: bool = False
-    label_separator: str = DEFAULT_SEPARATOR
+    label_separator: str | None = None  # None: not recorded (made before multi-label: ``separator``)
     columns: Mapping[str, str] = field(default_factory=dict)
     labels_sha256: str | None = None  # None: not recorded (made before 0.5.0)
     build: Mapping[str, Any] = field(default_factory=dict)  # empty: made before 0.3.0
@@ -103,6 +103,16 @@ class Manifest(Mapping[str, Any]):
         out["splits"] = {name: {"num_records": s.num_records, "shards": [_shard_json(x) for x in s.shards]}
                          for name, s in self.splits.items()}
         return out
+
+    @property
+    def image_options(self) -> Mapping[str, Any]:
+        """The build's image options; a version from before them stored every image as read."""
+        return self.image if self.image is not None else _images_as_read()
+
+    @property
+    def separator(self) -> str:
+        """The multi-label separator (the default where the manifest does not record one)."""
+        return self.label_separator if self.label_separator is not None else DEFAULT_SEPARATOR
 
     @property
     def shard_files(self) -> list[str]:
@@ -159,22 +169,26 @@ def as_manifest(value: Manifest | Mapping[str, Any], where: str = "manifest.json
     return value if isinstance(value, Manifest) else Manifest.parse(dict(value), where)
 
 
-def image_shape(manifest: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
+def image_shape(manifest: Manifest | Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
     """``(height, width, channels)`` every stored image of the version has, from the build's image
     options (the manifest's ``image``); None where they differ from image to image (and all three
-    None for versions built before those options).
+    None for versions built before those options). ``manifest``: a ``Manifest``, or a mapping with
+    the manifest's ``image`` and ``features``.
 
     ``resize WxH`` gives exactly H x W with ``fit pad``, or with ``upscale`` (without it, ``crop`` and
     ``stretch`` never enlarge a smaller image); ``channels`` 1, 3 or 4 converts every image, and raw
     pixels without it are RGB.
     """
-    options = manifest.get("image") or {}  # the JSON as read: absent in versions before the options
+    if isinstance(manifest, Manifest):
+        options, features = manifest.image or {}, manifest.features or {}
+    else:
+        options, features = manifest.get("image") or {}, manifest.get("features") or {}
     height = width = channels = None
     match = re.fullmatch(r"(\d+)x(\d+)", str(options.get("resize", "none")))
     if match and (options.get("fit", default("fit")) == "pad" or options.get("upscale") is True):
         width, height = int(match.group(1)), int(match.group(2))
     if options.get("channels") in (1, 3, 4):
         channels = int(options["channels"])
-    elif options and not options.get("channels") and RAW_KEY in manifest.get("features", {}):
+    elif options and not options.get("channels") and RAW_KEY in features:
         channels = 3
     return height, width, channels

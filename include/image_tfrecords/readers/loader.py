@@ -20,13 +20,14 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotPublishedError, ShardChecksumError
 from ..published.layout import LABELS, read_manifest
 from ..published.layout import resolve as _resolve
-from ..published.manifest import image_shape
+from ..published.manifest import Manifest, ShardEntry, SplitEntry, image_shape
 from ..records.schema import IMAGE_KEY, LABEL_KEY, RAW_KEY, SHAPE_KEY
 from ..storage import Storage, is_s3, join, sha256_file, split_s3
 
@@ -59,19 +60,19 @@ def resolve(uri: str, storage: Storage | None = None) -> str:
     return _resolve(storage or Storage(), uri)
 
 
-def _manifest(uri: str, storage: Storage) -> tuple[str, dict[str, Any]]:
+def _manifest(uri: str, storage: Storage) -> tuple[str, Manifest]:
     version = _resolve(storage, uri)
     return version, read_manifest(storage, version)
 
 
-def info(uri: str, storage: Storage | None = None) -> dict[str, Any]:
-    """The manifest of the published version ``uri`` resolves to."""
+def info(uri: str, storage: Storage | None = None) -> Manifest:
+    """The manifest of the published version ``uri`` resolves to (``published.manifest.Manifest``)."""
     return _manifest(uri, storage or Storage())[1]
 
 
 def label_names(uri: str, storage: Storage | None = None) -> list[str]:
     """Class names, indexed by label id."""
-    return list(info(uri, storage)["classes"])
+    return list(info(uri, storage).classes)
 
 
 def labels(uri: str, storage: Storage | None = None) -> pd.DataFrame:
@@ -93,8 +94,8 @@ def labels(uri: str, storage: Storage | None = None) -> pd.DataFrame:
     return frame
 
 
-def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature | tf.io.VarLenFeature]:
-    """``tf.io.parse_example`` features for every key the manifest lists.
+def feature_spec(manifest: Manifest | Mapping[str, Any]) -> dict[str, tf.io.FixedLenFeature | tf.io.VarLenFeature]:
+    """``tf.io.parse_example`` features for every key the manifest (a ``Manifest`` or its JSON) lists.
 
     A shape ``[]`` is one value (``FixedLenFeature([])``), a fixed shape such as ``image/shape``'s
     ``[3]`` that many (``FixedLenFeature([3])``), and ``[null]`` any number: ``VarLenFeature``, which
@@ -104,7 +105,7 @@ def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature | 
 
     dtypes = {"string": tf.string, "int64": tf.int64, "float": tf.float32}
     spec: dict[str, tf.io.FixedLenFeature | tf.io.VarLenFeature] = {}
-    for key, feature in manifest["features"].items():
+    for key, feature in _features(manifest).items():
         if feature["dtype"] not in dtypes:
             raise ValueError(f"feature {key!r} has an unknown dtype {feature['dtype']!r}")
         shape = feature.get("shape", [])
@@ -122,17 +123,26 @@ def feature_spec(manifest: dict[str, Any]) -> dict[str, tf.io.FixedLenFeature | 
     return spec
 
 
-def compression_type(manifest: dict[str, Any]) -> str:
+def compression_type(manifest: Manifest | Mapping[str, Any]) -> str:
     """The version's shard compression as ``tf.data.TFRecordDataset``'s ``compression_type``: ``""`` or ``"GZIP"``."""
-    compression = _COMPRESSION.get(manifest.get("compression", "none"))
+    stored = manifest.compression if isinstance(manifest, Manifest) else manifest.get("compression", "none")
+    compression = _COMPRESSION.get(stored)
     if compression is None:
-        raise ValueError(f"unknown compression {manifest['compression']!r}")
+        raise ValueError(f"unknown compression {stored!r}")
     return compression
 
 
-def _image_key(manifest: dict[str, Any]) -> str:
+def _features(manifest: Manifest | Mapping[str, Any]) -> Mapping[str, Any]:
+    """The manifest's ``features`` (a ``Manifest``, or its JSON as in ``feature_spec``)."""
+    features = manifest.features if isinstance(manifest, Manifest) else manifest.get("features")
+    if features is None:
+        raise ValueError("the manifest lists no features (a version made before they were listed): rebuild it")
+    return features
+
+
+def _image_key(manifest: Manifest) -> str:
     """``image/encoded``, or ``image/raw`` for a version of raw pixels."""
-    features = manifest["features"]
+    features = _features(manifest)
     if IMAGE_KEY in features:
         return IMAGE_KEY
     if RAW_KEY in features and SHAPE_KEY in features:
@@ -140,13 +150,13 @@ def _image_key(manifest: dict[str, Any]) -> str:
     raise ValueError(f"the manifest lists no {IMAGE_KEY} feature (nor {RAW_KEY} and {SHAPE_KEY})")
 
 
-def _is_multi_label(manifest: dict[str, Any]) -> bool:
-    label = manifest["features"].get(LABEL_KEY, {})
-    return bool(manifest.get("multi_label")) or None in label.get("shape", [])
+def _is_multi_label(manifest: Manifest) -> bool:
+    label = _features(manifest).get(LABEL_KEY, {})
+    return manifest.multi_label or None in label.get("shape", [])
 
 
-def _split(manifest: dict[str, Any], split: str) -> dict[str, Any]:
-    splits = manifest["splits"]
+def _split(manifest: Manifest, split: str) -> SplitEntry:
+    splits = manifest.splits
     if split not in splits:
         raise ValueError(f"unknown split {split!r}; available splits: {', '.join(sorted(splits))}")
     return splits[split]
@@ -228,12 +238,12 @@ def _fetch(storage: Storage, shard: _Shard, verify: bool) -> str:
     return shard.path
 
 
-def _shards(version: str, entries: list[dict[str, Any]], cache_dir: str | None) -> list[_Shard]:
+def _shards(version: str, entries: Sequence[ShardEntry], cache_dir: str | None) -> list[_Shard]:
     out = []
     for entry in entries:
-        uri = join(version, entry["file"])
+        uri = join(version, entry.file)
         path = _cache_path(cache_dir or _default_cache_dir(), uri) if is_s3(uri) else uri
-        out.append(_Shard(uri, path, entry.get("sha256"), entry.get("num_bytes")))
+        out.append(_Shard(uri, path, entry.sha256, entry.num_bytes))
     return out
 
 
@@ -250,7 +260,7 @@ def shard_files(uri: str, split: str, *, cache_dir: str | None = None, verify: b
     storage = storage or Storage()
     version, manifest = _manifest(uri, storage)
     paths = []
-    for shard in _shards(version, list(_split(manifest, split)["shards"]), cache_dir):
+    for shard in _shards(version, _split(manifest, split).shards, cache_dir):
         if is_s3(shard.uri):
             paths.append(_fetch(storage, shard, verify))
         else:
@@ -282,7 +292,7 @@ def _options(image_size: tuple[int, int] | None, channels: int | None, batch_siz
                          "stored class id (a list of ids for a multi-label dataset)")
 
 
-def _image_shape(manifest: dict[str, Any], image_size: tuple[int, int] | None, channels: int | None,
+def _image_shape(manifest: Manifest, image_size: tuple[int, int] | None, channels: int | None,
                  batch_size: int | None, decode: bool) -> tuple[int | None, int | None, int | None]:
     """The ``(height, width, channels)`` decoded images come out with (None: as stored, differing)."""
     height, width, stored = image_shape(manifest)
@@ -297,11 +307,11 @@ def _image_shape(manifest: dict[str, Any], image_size: tuple[int, int] | None, c
     return height, width, channels or stored
 
 
-def _shuffle_buffer(shuffle: bool | int, entry: dict[str, Any], count: int) -> int:
+def _shuffle_buffer(shuffle: bool | int, entry: SplitEntry, count: int) -> int:
     """``True``: the records that fit in SHUFFLE_MEMORY (the whole split, or at least MIN_SHUFFLE)."""
     if shuffle is not True:
         return int(shuffle)
-    size = sum(shard.get("num_bytes") or 0 for shard in entry["shards"])
+    size = entry.num_bytes
     fit = count if size <= SHUFFLE_MEMORY else count * SHUFFLE_MEMORY // size
     return max(1, min(count, max(fit, MIN_SHUFFLE)))
 
@@ -433,8 +443,8 @@ def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = Non
     storage = storage or Storage()
     version, manifest = _manifest(uri, storage)
     entry = _split(manifest, split)
-    shards = _shards(version, list(entry["shards"]), cache_dir)
-    count = int(entry.get("num_records", sum(s["num_records"] for s in entry["shards"])))
+    shards = _shards(version, entry.shards, cache_dir)
+    count = entry.num_records
     try:
         compression = compression_type(manifest)
         image_key = _image_key(manifest)
@@ -453,7 +463,7 @@ def load_split(uri: str, split: str, *, image_size: tuple[int, int] | None = Non
         spec = {key: spec[key] for key in (*image_keys, LABEL_KEY)}
     if multi_hot is None:
         multi_hot = _is_multi_label(manifest)
-    num_classes = len(manifest.get("classes", []))
+    num_classes = len(manifest.classes)
     by_uri = {shard.uri: shard for shard in shards}
     remote = any(is_s3(shard.uri) for shard in shards)
     if remote:

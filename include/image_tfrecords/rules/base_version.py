@@ -94,7 +94,7 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSche
         return f"version {base.version} predates shard reuse (its labels.csv does not name shards)"
     if base.manifest.features != schema.features():
         return f"version {base.version} has other record features"
-    if base.manifest.image != cfg.image_options.describe():
+    if base.manifest.image_options != cfg.image_options.describe():
         return f"image options changed since version {base.version}"
     if (base.manifest.columns, base.manifest.label_separator) != (cfg.columns, cfg.label_separator):
         return f"columns or label_separator changed since version {base.version}"
