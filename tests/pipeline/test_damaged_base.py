@@ -24,7 +24,7 @@ import pytest
 from image_tfrecords import cli, stages
 from image_tfrecords.published import layout
 from image_tfrecords.records.tfds_metadata import tfds_metadata_files
-from image_tfrecords.stages.staging import PLAN, staged
+from image_tfrecords.staging import PLAN, staged
 from image_tfrecords.storage import Storage, join
 from image_tfrecords.storage.documents import read_json
 from tests.pipeline.test_incremental import (
@@ -85,7 +85,7 @@ KILLER = textwrap.dedent("""
     from image_tfrecords import stages
     from image_tfrecords.config import BuildConfig
     from image_tfrecords.storage.documents import read_json
-    from image_tfrecords.stages.staging import CARD_INDEX, MANIFEST, staged
+    from image_tfrecords.staging import CARD_INDEX, MANIFEST, staged
     from image_tfrecords.storage import Storage
     from image_tfrecords.records.tfds_metadata import tfds_metadata_files
 

@@ -115,9 +115,10 @@ def test_killed_shard_writer_leaves_nothing_and_its_retry_is_identical(sample_di
     work.mkdir()
     code = ("import sys, time; from image_tfrecords import stages; "
             "from image_tfrecords.config import BuildConfig; "
+            "from image_tfrecords.shards import writer; "
             "from image_tfrecords.storage import Storage; import json; "
-            "read = stages.write.read_source; "
-            "stages.write.read_source = lambda s, src, name, *a: time.sleep(3600) if name == sys.argv[3] "
+            "read = writer.read_source; "
+            "writer.read_source = lambda s, src, name, *a: time.sleep(3600) if name == sys.argv[3] "
             "else read(s, src, name, *a); "
             "stages.write_shard(BuildConfig(**json.loads(sys.argv[1])), Storage(), sys.argv[2])")
     writer = subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg.to_dict()), shard, blocked], cwd=ROOT,

@@ -703,9 +703,9 @@ import time
 sys.path.insert(0, {root!r})
 
 import image_tfrecords.cli as cli
-import image_tfrecords.stages.write as write
+import image_tfrecords.shards.writer as writer
 
-_read_source = write.read_source
+_read_source = writer.read_source
 
 
 def slow_read_source(*args, **kwargs):  # only the reads of write_shard: a write stage that takes a while
@@ -713,7 +713,7 @@ def slow_read_source(*args, **kwargs):  # only the reads of write_shard: a write
     return _read_source(*args, **kwargs)
 
 
-write.read_source = slow_read_source
+writer.read_source = slow_read_source
 sys.exit(cli.main(sys.argv[1:]))
 """
 

@@ -18,9 +18,9 @@ from PIL import Image
 from image_tfrecords import stages
 from image_tfrecords.errors import SourceChanged
 from image_tfrecords.published import layout
-from image_tfrecords.stages.splice import splice_shard
-from image_tfrecords.stages.staging import PLAN, RECEIPTS, SHARDS, staged
-from image_tfrecords.stages.write import rewrite_shard
+from image_tfrecords.shards.splice import splice_shard
+from image_tfrecords.shards.writer import rewrite_shard
+from image_tfrecords.staging import PLAN, RECEIPTS, SHARDS, staged
 from image_tfrecords.storage import Segment, Storage, join, split_s3
 from image_tfrecords.storage.documents import read_json
 from image_tfrecords.storage.multipart import MIN_PART, copied_bytes, plan_parts

@@ -24,7 +24,7 @@ from image_tfrecords.images.sample import make_sample
 from image_tfrecords.parallel import TASK_PROCESSES_ENV, process_pool
 from image_tfrecords.progress import ProgressLog
 from image_tfrecords.stages.inspect import CHUNKS, chunk_limits
-from image_tfrecords.stages.staging import staged
+from image_tfrecords.staging import staged
 from image_tfrecords.storage import Storage
 
 TABLES = (stages.IMAGES, stages.INSPECT_REJECTS, stages.INSPECTED)
@@ -84,7 +84,7 @@ def test_chunks_by_bytes_and_the_map_length_bound(source: Path, tmp_path: Path) 
     storage = Storage()
     stages.discover_stage(cfg, storage)
     planned = stages.plan_inspection(cfg, storage)
-    plan = stages.staging.staged(cfg, CHUNKS)
+    plan = staged(cfg, CHUNKS)
     sizes = json.loads(Path(plan).read_text())["chunks"]
     assert planned["chunks"] == len(sizes) > 5
     assert all(c["bytes"] <= 10_000 or c["files"] == 1 for c in sizes)  # a big file is a chunk alone

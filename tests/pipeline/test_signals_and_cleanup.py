@@ -44,6 +44,7 @@ import time
 sys.path.insert(0, {root!r})
 
 import image_tfrecords.cli as cli
+import image_tfrecords.shards.writer as writer
 import image_tfrecords.source.reading as reading
 import image_tfrecords.stages as stages
 
@@ -61,7 +62,7 @@ def slow_read_source(*args, **kwargs):
 
 reading.read_source = slow_read_source
 stages.inspect.read_source = slow_read_source
-stages.write.read_source = slow_read_source
+writer.read_source = slow_read_source
 sys.exit(cli.main(sys.argv[1:]))
 """
 

@@ -14,9 +14,9 @@ import pytest
 
 from image_tfrecords import stages
 from image_tfrecords.published import layout
-from image_tfrecords.stages.splice import splice_shard
-from image_tfrecords.stages.staging import PLAN, RECEIPTS, SHARDS, staged
-from image_tfrecords.stages.write import rewrite_shard
+from image_tfrecords.shards.splice import splice_shard
+from image_tfrecords.shards.writer import rewrite_shard
+from image_tfrecords.staging import PLAN, RECEIPTS, SHARDS, staged
 from image_tfrecords.storage import Storage, join
 from image_tfrecords.storage.documents import read_json
 from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read

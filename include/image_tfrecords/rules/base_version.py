@@ -96,7 +96,7 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSche
         return f"version {base.version} has other record features"
     if base.manifest.image_options != cfg.image_options.describe():
         return f"image options changed since version {base.version}"
-    if (base.manifest.columns, base.manifest.label_separator) != (cfg.columns, cfg.label_separator):
+    if (base.manifest.columns, base.manifest.separator) != (cfg.columns, cfg.label_separator):
         return f"columns or label_separator changed since version {base.version}"
     for name in ("splits", "salt", "shard_size_mb"):
         if params.get(name) != getattr(cfg, name):

@@ -10,6 +10,7 @@ its inputs from the build's staging prefix in the store and writes its outputs t
 bytes. The DAG runs each stage as a task (``inspect_chunk`` as one mapped task per chunk of the
 listing, ``write`` as one per group of shards, each using its machine's cores through a process
 pool); ``run_pipeline`` runs them all in one process, with one process pool for the per-image work.
+The reuse, write and validate stages are built on ``shards`` (writing, splicing and checking one shard).
 """
 
 from __future__ import annotations
@@ -25,15 +26,9 @@ from typing import Any
 
 from ..config import BuildConfig
 from ..errors import BuildError
-from ..storage import Storage, is_s3
-from .card import card_stage
-from .discover import discard_stage, discover_stage
-from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
-from .plan import all_shards, plan_stage, task_shards
-from .publish import publish_stage
-from .reuse import reuse_shard, reuse_stage
-from .split import split_stage
-from .staging import (
+from ..shards.checks import validate_shard
+from ..shards.writer import write_shard
+from ..staging import (
     DISCOVER_REJECTS,
     DISCOVERED,
     IMAGES,
@@ -48,8 +43,16 @@ from .staging import (
     Progress,
     no_progress,
 )
-from .validate import validate_shard, validate_stage
-from .write import write_and_check, write_shard, write_task
+from ..storage import Storage, is_s3
+from .card import card_stage
+from .discover import discard_stage, discover_stage
+from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
+from .plan import all_shards, plan_stage, task_shards
+from .publish import publish_stage
+from .reuse import reuse_shard, reuse_stage
+from .split import split_stage
+from .validate import validate_stage
+from .write import write_and_check, write_task
 
 __all__ = [
     "DISCOVERED",

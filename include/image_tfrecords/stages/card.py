@@ -14,9 +14,9 @@ from ..progress import log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..source.reading import read_source
+from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json, read_rows, write_json
-from .staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, staged
 
 
 def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:

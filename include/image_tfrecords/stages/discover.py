@@ -13,9 +13,9 @@ from ..published import layout
 from ..records.schema import REJECTS_FIELDS
 from ..rules.base_version import RETRIED_REASONS
 from ..source.listing import DISCOVERED_FIELDS, DiscoveryCounts, discover
+from ..staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, METADATA, staged
 from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, write_json
-from .staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, METADATA, staged
 
 
 @summarized

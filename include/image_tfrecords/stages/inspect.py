@@ -42,9 +42,7 @@ from ..rules.base_version import INSPECTION_FIELDS, base_of, inspections, why_no
 from ..rules.shards import MB
 from ..source.listing import DISCOVERED_FIELDS
 from ..source.reading import read_source
-from ..storage import Storage, join
-from ..storage.documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
-from .staging import (
+from ..staging import (
     CARRIED,
     DISCOVER_SUMMARY,
     DISCOVERED,
@@ -58,6 +56,8 @@ from .staging import (
     no_progress,
     staged,
 )
+from ..storage import Storage, join
+from ..storage.documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
 
 CHUNKS = "inspect/chunks.json"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")

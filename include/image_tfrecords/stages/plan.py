@@ -37,9 +37,9 @@ from ..progress import log, summarized
 from ..records.schema import record_fields, schema_of
 from ..rules import shards as planning
 from ..rules.base_version import COMPACTION_FACTOR, Base, base_of, missing_base_files, survivors, why_not_reuse_shards
+from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
 from ..storage.documents import csv_field, csv_writer, raw_rows, read_json, read_rows, write_json
-from .staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 
 
 @dataclass

@@ -12,10 +12,9 @@ from ..progress import ProgressLog, log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..records.tfds_metadata import tfds_metadata_files
+from ..staging import CARD, CARD_INDEX, COPY_THREADS, INSPECTED, LABELS, MANIFEST, REJECTS, SHARDS, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json
-from .reuse import COPY_THREADS
-from .staging import CARD, CARD_INDEX, INSPECTED, LABELS, MANIFEST, REJECTS, SHARDS, staged
 
 
 @summarized

@@ -18,13 +18,11 @@ from ..errors import BuildError
 from ..parallel import ordered_map
 from ..progress import ProgressLog, log, summarized
 from ..published import layout
+from ..shards.checks import members_digest, validate_shard
+from ..shards.writer import write_shard
+from ..staging import CHECKED, COPY_THREADS, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json, write_json
-from .staging import CHECKED, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
-from .validate import members_digest, validate_shard
-from .write import write_shard
-
-COPY_THREADS = 8
 
 
 @summarized

@@ -14,9 +14,7 @@ from ..progress import summarized
 from ..published import layout
 from ..records.schema import REJECTS_FIELDS, record_fields
 from ..rules.splits import DuplicateResolver, assign_split
-from ..storage import Storage, join
-from ..storage.documents import RowWriter, read_json, read_rows, write_json
-from .staging import (
+from ..staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
     IMAGES,
@@ -27,6 +25,8 @@ from .staging import (
     SPLIT_SUMMARY,
     staged,
 )
+from ..storage import Storage, join
+from ..storage.documents import RowWriter, read_json, read_rows, write_json
 
 
 @summarized

@@ -1,6 +1,6 @@
 """How an object made of byte ranges of other objects becomes an S3 multipart upload.
 
-A spliced shard (stages/splice.py) is a list of segments: runs of records kept from its base shard,
+A spliced shard (shards/splice.py) is a list of segments: runs of records kept from its base shard,
 then the new records. ``plan_parts`` turns them into parts: a kept run large enough becomes an
 ``UploadPartCopy`` of that byte range of the base object (the store copies it; its bytes never
 pass through the worker), everything else is uploaded from the worker's bytes. S3's rules shape the

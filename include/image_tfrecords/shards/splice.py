@@ -1,7 +1,7 @@
-"""Stage 5, for a shard the night rewrites: splice it from byte ranges of its base shard, then append.
+"""Splice a shard the night rewrites from byte ranges of its base shard, then append its new records.
 
 A rewritten shard keeps some records of a base shard, in the base's order, and may take new records
-at its end (plan.py). TFRecord framing makes records self-delimiting and the base's ``.tfindex``
+at its end (``stages.plan``). TFRecord framing makes records self-delimiting and the base's ``.tfindex``
 gives each record's bytes, so each run of consecutive kept records is one byte range of the base
 shard: the new shard is those ranges, then the new records. Kept records are never parsed again:
 
@@ -43,12 +43,12 @@ from ..errors import BuildError, SourceChanged
 from ..progress import log
 from ..published import layout
 from ..records.tfrecord import TFRecordWriter, masked_crc
+from ..staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from ..storage import Storage, is_s3, join
 from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
-from .staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
-from .validate import _match, _set_digest, member_rows, record_facts
-from .write import _already_written, _from_source, stage_shard, write_shard
+from .checks import match_member, member_rows, record_facts, set_digest
+from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
 
@@ -96,7 +96,7 @@ def splice_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[st
     members_sha = hashlib.sha256(members_data).hexdigest()
     source = {"version": origin["version"], "file": origin["file"]}
     members = member_rows(members_data)
-    if (receipt := _already_written(cfg, storage, shard, members_sha, source)) is not None:
+    if (receipt := already_written(cfg, storage, shard, members_sha, source)) is not None:
         progress(receipt["num_records"])
         return _checked(cfg, storage, shard, receipt, members, members_sha)
     kept, runs = origin["kept"], origin["runs"]
@@ -232,9 +232,9 @@ def _append(cfg: BuildConfig, storage: Storage, schema: Any, shard: str, out: An
     unseen = {row["filename"]: row for row in rows}
     source_bytes = 0
     writer = TFRecordWriter(Sink())  # type: ignore[arg-type]
-    for number, (record, read) in enumerate(_from_source(cfg, storage, rows, read_workers, processes)):
+    for number, (record, read) in enumerate(records_from_source(cfg, storage, rows, read_workers, processes)):
         facts = record_facts(schema, shard, (number, record), headers=not cfg.image_options.is_default)
-        _match(schema, shard, facts, unseen, first=first)
+        match_member(schema, shard, facts, unseen, first=first)
         writer.write(record)
         source_bytes += read
         progress(1)
@@ -249,11 +249,10 @@ def _checked(cfg: BuildConfig, storage: Storage, shard: str, receipt: dict[str, 
     """Stage the check of a spliced shard: what ``validate_shard`` stages, from what splicing proved."""
     result = {"file": shard, "num_records": receipt["num_records"], "num_bytes": receipt["num_bytes"],
               "sha256": receipt["sha256"], "change_tag": storage.change_tag(staged(cfg, SHARDS, shard)),
-              "names": _set_digest(m["filename"] for m in members), "members_sha256": members_sha,
+              "names": set_digest(m["filename"] for m in members), "members_sha256": members_sha,
               "index_sha256": receipt["index_sha256"], "source_bytes": receipt.get("source_bytes", 0),
               "rewritten_from": receipt["rewritten_from"],
               **{key: receipt[key] for key in ("base_bytes_read", "bytes_copied", "bytes_written", "records_parsed")
                  if key in receipt}}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     return result
-

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..config import BuildConfig
-from ..published.layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
-from ..records.schema import RecordSchema, schema_of
-from ..rules.base_version import INSPECTION_FIELDS
-from ..storage import Storage, join
-from ..storage.documents import read_json
+from .config import BuildConfig
+from .published.layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
+from .records.schema import RecordSchema, schema_of
+from .rules.base_version import INSPECTION_FIELDS
+from .storage import Storage, join
+from .storage.documents import read_json
 
 Progress = Callable[[int], None]
 TMP_PREFIX = ".tmp-"  # temporary files and folders inside a local staging prefix
 MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length: the most write tasks a plan makes
+COPY_THREADS = 8  # copies into and out of staging that reuse and publish run at a time
 
 DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
 METADATA = "metadata.csv"  # labels.csv's declared columns of each discovered file, in discovered.csv's order
