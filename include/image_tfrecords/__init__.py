@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (PEP 781)
 if TYPE_CHECKING:

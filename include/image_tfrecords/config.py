@@ -109,6 +109,8 @@ class BuildConfig:
     version: str
     splits: dict[str, float] = field(default_factory=lambda: default("splits"))
     salt: str = default("salt")
+    near_duplicate_bits: int = default("near_duplicate_bits")  # 0: no near-duplicate search
+    near_duplicate_labels: str = default("near_duplicate_labels")  # reject | keep
     shard_size_mb: float = default("shard_size_mb")
     compression: str = default("compression")
     max_reject_fraction: float = default("max_reject_fraction")

@@ -147,6 +147,13 @@ OPTIONS: tuple[Option, ...] = (
            "Split name -> fraction of images; fractions must sum to 1. Changing them reassigns images.", SPLITS),
     Option("salt", "string", "", "Split salt",
            "Seeds the split assignment; keep it fixed so images never move.", SPLITS),
+    Option("near_duplicate_bits", "integer", 0, "Near-duplicate distance (bits)",
+           "0 (default): off. N: images whose perceptual hashes differ in at most N of 63 bits are near-duplicates "
+           "(re-encodes, resizes, small crops; 12 suits photos): a group of them goes to one split, and published "
+           "records never move.", SPLITS, minimum=0, maximum=24),
+    Option("near_duplicate_labels", "string", "reject", "Near-duplicates under two labels",
+           "reject: like identical files under two labels, none is stored (near_duplicate_label_conflict); keep: "
+           "store them (in one split) and count them.", SPLITS, choices=("reject", "keep")),
     Option("shard_size_mb", "number", 100.0, "Shard size (MB)",
            "Target size of each TFRecord shard, in MB (10^6 bytes).", BUILD,
            minimum=0, exclusive_minimum=True, maximum=4096),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .config import BuildConfig
-from .published.layout import INSPECTED, LABELS, MANIFEST, REJECTS  # noqa: F401 - staged under their published names
+from .published.layout import INSPECTED, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS  # noqa: F401 - staged under their published names
 from .records.schema import RecordSchema, schema_of
 from .rules.base_version import INSPECTION_FIELDS
 from .storage import Storage, join

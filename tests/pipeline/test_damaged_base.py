@@ -44,7 +44,7 @@ from tests.support import one_line, read_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARD = re.compile(r".+-\d{5}-of-\d{5}\.tfrecord(\.gz)?")
-LAYOUT_FILES = {"manifest.json", "labels.csv", "rejects.csv", "inspected.csv",
+LAYOUT_FILES = {"manifest.json", "labels.csv", "rejects.csv", "inspected.csv", "near_duplicates.csv",
                 "card.md", "card.html", "_SUCCESS"}
 
 
@@ -92,8 +92,8 @@ KILLER = textwrap.dedent("""
     cfg = BuildConfig(**json.loads(sys.argv[1]))
     manifest = read_json(Storage(), staged(cfg, MANIFEST))
     shards = sum(len(split["shards"]) for split in manifest["splits"].values())
-    # each shard and its index, the card's files, labels.csv, rejects.csv and inspected.csv
-    copies = 2 * shards + len(read_json(Storage(), staged(cfg, CARD_INDEX))) + 3
+    # each shard and its index, the card's files, labels.csv, rejects.csv, inspected.csv and near_duplicates.csv
+    copies = 2 * shards + len(read_json(Storage(), staged(cfg, CARD_INDEX))) + 4
     tfds = len(tfds_metadata_files(manifest))
     steps = {"first copy": 1, "half the copies": copies // 2, "every copy": copies, "TFDS metadata": copies + 1,
              "manifest": copies + tfds + 1, "_SUCCESS": copies + tfds + 2, "latest.json": copies + tfds + 3,

@@ -122,7 +122,8 @@ def test_to_dict_round_trips() -> None:
                              "as_of": None, "max_file_mb": 256.0, "max_pixels": 89_478_485, "full": False,
                              "chunk_files": 2000, "chunk_mb": 1000.0, "resize": "none", "fit": "crop",
                              "upscale": False, "encoding": "original", "jpeg_quality": 95, "channels": 0,
-                             "columns": {}, "label_separator": "|", "modern_formats": True}
+                             "columns": {}, "label_separator": "|", "modern_formats": True,
+                             "near_duplicate_bits": 0, "near_duplicate_labels": "reject"}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 

@@ -88,8 +88,10 @@ def test_facts_match_tensorflow(tf: Any, name: str) -> None:
         transform="",
         encoded_sha256=hashlib.sha256(data).hexdigest(),
         encoded_bytes=len(data),
+        phash=facts.phash,
     )
     assert (facts.width, facts.height) == SIZE
+    assert len(facts.phash) == 16 and int(facts.phash, 16) < 1 << 63  # the perceptual hash of what it decoded
 
 
 def test_expected_channels_per_mode() -> None:

@@ -57,6 +57,7 @@ from ..errors import RejectedImage
 from ..options import MAX_PIXELS
 from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
+from .perceptual import perceptual_hash
 from .png_stream import check_png_stream
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
@@ -84,6 +85,7 @@ class ImageFacts:
     transform: str = ""  # "" (stored as is) or what was done: to_png, cmyk_to_rgb, exif_rotate
     encoded_sha256: str = ""  # of the stored bytes (the source's when stored as is)
     encoded_bytes: int = 0
+    phash: str = ""  # perceptual hash of the stored image, upright (``perceptual``): finds near-duplicates
 
 
 # ISO-BMFF ``ftyp`` brands (ISO/IEC 23008-12, AV1 Image File Format): coding brands, then the generic
@@ -321,8 +323,27 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
         raise RejectedImage("unsupported_format", f"{stored_format} in colour mode {image.mode}")
     width, height = size
     facts = ImageFacts(sha, len(data), stored_format, width, height, channels, fmt, transform,
-                       hashlib.sha256(encoded).hexdigest() if transform else sha, len(encoded))
+                       hashlib.sha256(encoded).hexdigest() if transform else sha, len(encoded),
+                       _perceptual_hash(image, stored_format))
     return facts, encoded
+
+
+HASHED_PNG_PIXELS = 4_000_000  # larger PNGs get no perceptual hash: decoding one costs 4+ bytes a pixel
+
+
+def _perceptual_hash(image: Any, fmt: str) -> str:
+    """The perceptual hash of the stored image (upright: one that is not was transcoded): from the 1/8-scale
+    decode of a JPEG, the decoded pixels of other formats; a PNG, checked without its pixels, is decoded
+    here when it has at most ``HASHED_PNG_PIXELS``. ``""`` (no near-duplicate search for it) for a larger
+    PNG, or when Pillow cannot make it grey: the image itself passed its checks, so it is kept."""
+    if fmt == "png" and image.width * image.height > HASHED_PNG_PIXELS:
+        return ""  # decoding it would cost what the row-by-row check avoided
+    try:
+        if fmt == "png":
+            image.load()
+        return perceptual_hash(image)
+    except Exception:
+        return ""
 
 
 def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:

@@ -12,7 +12,18 @@ from ..progress import ProgressLog, log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..records.tfds_metadata import tfds_metadata_files
-from ..staging import CARD, CARD_INDEX, COPY_THREADS, INSPECTED, LABELS, MANIFEST, REJECTS, SHARDS, staged
+from ..staging import (
+    CARD,
+    CARD_INDEX,
+    COPY_THREADS,
+    INSPECTED,
+    LABELS,
+    MANIFEST,
+    NEAR_DUPLICATES,
+    REJECTS,
+    SHARDS,
+    staged,
+)
 from ..storage import Storage, join
 from ..storage.documents import read_json
 
@@ -64,7 +75,7 @@ def _copies(cfg: BuildConfig, storage: Storage, manifest: Manifest) -> list[tupl
             copies.append((staged(cfg, SHARDS, index), join(final, index), None))
     card_files = read_json(storage, staged(cfg, CARD_INDEX))
     copies += [(staged(cfg, CARD, name), join(final, name), None) for name in card_files]
-    copies += [(staged(cfg, name), join(final, name), None) for name in (LABELS, REJECTS, INSPECTED)]
+    copies += [(staged(cfg, name), join(final, name), None) for name in (LABELS, REJECTS, INSPECTED, NEAR_DUPLICATES)]
     return copies
 
 

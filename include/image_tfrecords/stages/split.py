@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from collections import Counter
 from collections.abc import Iterator
@@ -10,9 +11,12 @@ from typing import Any
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.transform import planned_bytes, planned_facts, too_big
-from ..progress import summarized
+from ..progress import log, summarized
 from ..published import layout
+from ..published.layout import NEAR_DUPLICATES_FIELDS
+from ..published.manifest import Manifest
 from ..records.schema import REJECTS_FIELDS, record_fields
+from ..rules.near_duplicates import Placement, hash_array, place
 from ..rules.splits import DuplicateResolver, assign_split
 from ..staging import (
     DISCOVER_REJECTS,
@@ -20,6 +24,7 @@ from ..staging import (
     IMAGES,
     INSPECT_REJECTS,
     METADATA,
+    NEAR_DUPLICATES,
     RECORDS,
     REJECTS,
     SPLIT_SUMMARY,
@@ -55,7 +60,10 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
     multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
-    known = list(layout.read_manifest(storage, join(cfg.dataset_uri, previous)).classes) if previous else []
+    manifest = layout.read_manifest(storage, join(cfg.dataset_uri, previous)) if previous else None
+    known = list(manifest.classes) if manifest else []
+    published = _published(cfg, storage, manifest)
+    placement = _near_duplicates(cfg, storage, inspected, col, resolver, published)
     for damaged in found.get("damaged_versions", [])[:1]:  # the newest one passed over: keep the ids it gave
         known = _classes_of_damaged(cfg, storage, damaged.split(":", 1)[0], known, multi)
     kept = resolver.kept_labels()
@@ -69,6 +77,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     fields = record_fields(cfg)
     with RowWriter(storage, staged(cfg, RECORDS), fields) as labels, \
             RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects, \
+            RowWriter(storage, staged(cfg, NEAR_DUPLICATES), NEAR_DUPLICATES_FIELDS) as near, \
             read_rows(storage, staged(cfg, METADATA)) as metadata:
         for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
             with read_rows(storage, staged(cfg, earlier)) as rows:
@@ -84,13 +93,15 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                                                 "encoded_sha256", "encoded_bytes")]
             width, height, channels, fmt, _, _, size = facts
             meta = iter(metadata.reader)
-            for values in rows.reader:
-                verdict = resolver.verdict(values[name], values[sha])
+            for number, values in enumerate(rows.reader):
+                verdict = resolver.verdict(values[name], values[sha]) or placement.rejected.get(number)
                 if verdict:
                     rejects.write({"filename": values[name], "reason": verdict[0], "detail": verdict[1]})
                     reasons[verdict[0]] += 1
                     continue
-                split = assign_split(values[sha], cfg.salt, cfg.splits)
+                before = published.get(values[sha])
+                split = placement.split.get(number) or (before[0] if before else "") or assign_split(
+                    values[sha], cfg.salt, cfg.splits)
                 record = [values[i] if i >= 0 else "" for i in take]
                 record[split_at] = split
                 if multi:
@@ -108,6 +119,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 if cfg.columns:
                     record[len(fields) - len(cfg.columns):] = _metadata_of(values[name], meta)
                 labels.write_values(record)
+                if group := placement.group.get(number) or (before[1] if before else ""):
+                    near.write_values([values[name], values[label], split, group, values[sha]])
                 per_split[split]["records"] += 1
                 per_split[split]["bytes"] += planned_bytes(record[size], record[fmt], record[width], record[height],
                                                            record[channels], cfg.jpeg_quality)
@@ -116,6 +129,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                "num_records": labels.count, "num_rejected": rejects.count, "num_skipped": found["skipped"],
                "skipped_by_kind": found.get("skipped_by_kind", {}),
                "rejects_by_reason": dict(sorted(reasons.items())),
+               "near_duplicates": {"bits": cfg.near_duplicate_bits, "groups_found": placement.groups,
+                                   "records_in_groups": near.count, "kept_across_labels": placement.kept_across_labels},
                "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
                           for name, c in per_split.items()}}
     write_json(storage, staged(cfg, SPLIT_SUMMARY), summary)
@@ -128,6 +143,60 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                          f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {staged(cfg, REJECTS)}")
     return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
         "num_classes": len(classes)}
+
+
+def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> dict[str, tuple[str, str]]:
+    """Content hash -> (split, near-duplicate group) of the previous version's records, which keep their
+    splits; nothing when there is none or its splits or salt were others (changing them reassigns every
+    image). With the search off, only its grouped records (``near_duplicates.csv``: the others are where
+    the split rule puts them); with it on, all of them (labels.csv: which images are new). A previous
+    version that lost those files gives what is left (a damaged base is rebuilt in full anyway).
+    Memory: about 200 bytes per record read."""
+    if manifest is None or (manifest.params.get("splits"), manifest.params.get("salt")) != (cfg.splits, cfg.salt):
+        return {}
+    version = join(cfg.dataset_uri, manifest.version)
+    grouped: dict[str, tuple[str, str]] = {}
+    with contextlib.suppress(FileNotFoundError), read_rows(storage, join(version, layout.NEAR_DUPLICATES)) as rows:
+        grouped = {row["sha256"]: (row["split"], row["near_group"]) for row in rows}  # none before 0.6.0
+    if cfg.near_duplicate_bits <= 0:
+        return grouped
+    published: dict[str, tuple[str, str]] = {}
+    try:
+        with read_rows(storage, join(version, layout.LABELS)) as rows:
+            names = list(rows.fieldnames or ())
+            sha, split = names.index("sha256"), names.index("split")
+            for values in rows.reader:
+                published[values[sha]] = (values[split], grouped.get(values[sha], ("", ""))[1])
+    except (FileNotFoundError, ValueError, IndexError, csv.Error) as exc:
+        log.warning("near-duplicates: %s of version %s unreadable (%s): its records count as new",
+                    layout.LABELS, manifest.version, exc)
+        return grouped
+    return published
+
+
+def _near_duplicates(cfg: BuildConfig, storage: Storage, inspected: str, col: dict[str, int],
+                     resolver: DuplicateResolver, published: dict[str, tuple[str, str]]) -> Placement:
+    """Group the images of ``inspected`` (images.csv) that ``resolver`` keeps and place the groups
+    (``rules.near_duplicates``); row numbers of images.csv index the placement."""
+    names: list[str] = []
+    shas: list[str] = []
+    labels: list[str] = []
+    hashes: list[str] = []
+    if cfg.near_duplicate_bits <= 0:
+        return Placement()
+    with read_rows(storage, inspected) as rows:
+        _ = rows.fieldnames
+        name, label, sha, phash = col["filename"], col["label"], col["sha256"], col["phash"]
+        for values in rows.reader:
+            names.append(values[name])
+            shas.append(values[sha])
+            labels.append(values[label])
+            hashes.append("" if resolver.verdict(values[name], values[sha]) else values[phash])
+    placement = place(names, shas, labels, hash_array(hashes), published, cfg.near_duplicate_bits, cfg.salt,
+                      cfg.splits, keep_across_labels=cfg.near_duplicate_labels == "keep")
+    log.info("near-duplicates: %d groups of new images (%d bits); %d images rejected", placement.groups,
+             cfg.near_duplicate_bits, len(placement.rejected))
+    return placement
 
 
 def _metadata_of(filename: str, rows: Iterator[list[str]]) -> list[str]:
