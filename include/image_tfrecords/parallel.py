@@ -46,12 +46,16 @@ def _apply(fn: Callable[[T], R], batch: list[T]) -> list[R]:
 
 
 def batched_map(fn: Callable[[T], R], items: Iterable[T], executor: Executor, workers: int,
-                batch: int = 64) -> Iterator[R]:
+                batch: int = 64, total: int | None = None) -> Iterator[R]:
     """Like ``map(fn, items)`` on ``executor`` (e.g. a process pool), ``batch`` items per call, in order.
 
     Batching keeps the per-item cost of pickling and scheduling small; at most ``2 * workers``
-    batches are in flight, so memory stays bounded.
+    batches are in flight, so memory stays bounded. Given the ``total`` number of items, batches are
+    made smaller where that spreads a short input over every worker (63 files in one batch of 64
+    would keep one process busy and the others idle).
     """
+    if total is not None:
+        batch = max(1, min(batch, -(-total // (2 * workers))))
     pending: deque[Future[list[R]]] = deque()
     iterator = iter(items)
     while chunk := list(itertools.islice(iterator, batch)):

@@ -174,7 +174,7 @@ def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], wo
                         in_flight.append(row)
                         yield row
 
-        fresh = batched_map(inspect, rows(), processes, workers) if processes else \
+        fresh = batched_map(inspect, rows(), processes, workers, total=sum(counts)) if processes else \
             ordered_map(inspect, rows(), workers)
         read = rejected = 0
         for chunk, count in zip(chunks, counts, strict=True):

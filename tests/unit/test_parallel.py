@@ -1,0 +1,47 @@
+"""``parallel.batched_map``: order, bounded batches, and a short input spread over every worker."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from image_tfrecords.parallel import batched_map
+
+
+class CountingPool(ThreadPoolExecutor):
+    """A thread pool that records the size of each batch submitted to it."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.batches: list[int] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        with self._lock:
+            self.batches.append(len(args[-1]))
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_results_come_in_input_order() -> None:
+    with CountingPool(2) as pool:
+        assert list(batched_map(lambda x: x * x, range(200), pool, 2)) == [x * x for x in range(200)]
+        assert pool.batches == [64, 64, 64, 8]
+
+
+def test_a_short_input_is_spread_over_every_worker() -> None:
+    """63 files with batches of 64 would be one call: one process busy, the other idle."""
+    with CountingPool(2) as pool:
+        assert list(batched_map(str, range(63), pool, 2, total=63)) == [str(x) for x in range(63)]
+        assert pool.batches == [16, 16, 16, 15]
+
+
+def test_a_long_input_keeps_its_batch_size() -> None:
+    with CountingPool(2) as pool:
+        assert len(list(batched_map(str, range(1000), pool, 2, batch=32, total=1000))) == 1000
+        assert set(pool.batches[:-1]) == {32}
+
+
+def test_an_empty_input_submits_nothing() -> None:
+    with CountingPool(2) as pool:
+        assert list(batched_map(str, [], pool, 2, total=0)) == []
+        assert pool.batches == []
