@@ -109,6 +109,7 @@ class BuildConfig:
     version: str
     splits: dict[str, float] = field(default_factory=lambda: default("splits"))
     salt: str = default("salt")
+    group_column: str = default("group_column")  # labels.csv column that keys the split ("": the content hash)
     near_duplicate_bits: int = default("near_duplicate_bits")  # 0: no near-duplicate search
     near_duplicate_labels: str = default("near_duplicate_labels")  # reject | keep
     shard_size_mb: float = default("shard_size_mb")
@@ -139,6 +140,9 @@ class BuildConfig:
         check_options(self.image_options)
         object.__setattr__(self, "columns", check_columns(self.columns))
         check_separator(self.label_separator)
+        if self.group_column in ("filename", "label", "labels"):
+            raise ConfigError(f"group_column must name another labels.csv column than {self.group_column}: a "
+                              "patient, camera or source document whose images go to one split")
         object.__setattr__(self, "splits", check_splits(self.splits))
         for what in ("source", "destination"):
             check_location(what, getattr(self, what))
@@ -176,7 +180,10 @@ class BuildConfig:
     @property
     def fingerprint_params(self) -> dict[str, Any]:
         """The settings that decide a build's content (not where it goes or what it is called)."""
-        return {k: v for k, v in asdict(self).items() if k not in _OUTPUT_NEUTRAL}
+        params = {k: v for k, v in asdict(self).items() if k not in _OUTPUT_NEUTRAL}
+        if not params["group_column"]:  # unset: the fingerprint of a version from before the option
+            del params["group_column"]
+        return params
 
     @property
     def max_file_bytes(self) -> int:

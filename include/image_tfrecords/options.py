@@ -147,6 +147,10 @@ OPTIONS: tuple[Option, ...] = (
            "Split name -> fraction of images; fractions must sum to 1. Changing them reassigns images.", SPLITS),
     Option("salt", "string", "", "Split salt",
            "Seeds the split assignment; keep it fixed so images never move.", SPLITS),
+    Option("group_column", "string", "", "Group column",
+           "A labels.csv column whose value keys the split instead of the image's content hash, so that all of a "
+           "patient's, camera's or source document's images land in one split (an empty cell: the content hash). "
+           "Changing it reassigns images.", SPLITS, max_length=200),
     Option("near_duplicate_bits", "integer", 0, "Near-duplicate distance (bits)",
            "0 (default): off. N: images whose perceptual hashes differ in at most N of 63 bits are near-duplicates "
            "(re-encodes, resizes, small crops; 12 suits photos): a group of them goes to one split, and published "

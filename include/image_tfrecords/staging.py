@@ -22,6 +22,7 @@ MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length: the most write
 COPY_THREADS = 8  # copies into and out of staging that reuse and publish run at a time
 
 DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
+GROUPS = "groups.csv"  # the group column's value of each discovered file (with group_column), in discovered.csv's order
 METADATA = "metadata.csv"  # labels.csv's declared columns of each discovered file, in discovered.csv's order
 # inspection: the images (with their labels), the rejects and a summary; and INSPECTED (every file
 # inspected or taken over from the previous version: published as inspected.csv)

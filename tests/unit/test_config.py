@@ -123,8 +123,14 @@ def test_to_dict_round_trips() -> None:
                              "chunk_files": 2000, "chunk_mb": 1000.0, "resize": "none", "fit": "crop",
                              "upscale": False, "encoding": "original", "jpeg_quality": 95, "channels": 0,
                              "columns": {}, "label_separator": "|", "modern_formats": True,
-                             "near_duplicate_bits": 0, "near_duplicate_labels": "reject"}
+                             "near_duplicate_bits": 0, "near_duplicate_labels": "reject", "group_column": ""}
     assert BuildConfig(**cfg.to_dict()) == cfg
+
+
+def test_an_unset_group_column_leaves_the_fingerprint_as_before_the_option() -> None:
+    """Versions published before ``group_column`` existed are still ``unchanged`` when nothing changed."""
+    assert "group_column" not in _config().fingerprint_params
+    assert _config(group_column="patient").fingerprint_params["group_column"] == "patient"
 
 
 def test_full_is_a_bool_and_not_part_of_the_fingerprint() -> None:

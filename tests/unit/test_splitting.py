@@ -161,3 +161,14 @@ def test_a_shared_64_bit_prefix_is_not_shared_content() -> None:
     assert resolver.verdict("x/a.jpg", first) is None and resolver.verdict("y/b.jpg", second) is None
     assert resolver.verdict("y/c.jpg", second) == ("duplicate", "same content as y/b.jpg")
     assert resolver.kept_labels() == {"x", "y"}
+
+
+def test_a_group_value_keys_the_split_whatever_the_content() -> None:
+    splits = {"train": 0.5, "validation": 0.25, "test": 0.25}
+    shas = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(200)]
+    for group in ("patient-1", "patient-2", "camera-7"):
+        assert len({assign_split(sha, "s", splits, group) for sha in shas}) == 1
+    by_group = {assign_split(shas[0], "s", splits, f"p{i}") for i in range(100)}
+    assert by_group == set(splits)  # groups spread over every split
+    assert [assign_split(sha, "s", splits, "") for sha in shas] == [assign_split(sha, "s", splits) for sha in shas]
+    assert {assign_split(shas[0], salt, splits, "p1") for salt in map(str, range(50))} == set(splits)

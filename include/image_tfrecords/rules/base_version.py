@@ -101,6 +101,8 @@ def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSche
     for name in ("splits", "salt", "shard_size_mb"):
         if params.get(name) != getattr(cfg, name):
             return f"{name} changed since version {base.version}"
+    if params.get("group_column", "") != cfg.group_column:
+        return f"group_column changed since version {base.version}"
     if base.manifest.compression != cfg.compression:
         return f"compression changed since version {base.version}"
     if not base.build.get("record_positions"):

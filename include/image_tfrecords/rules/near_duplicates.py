@@ -151,10 +151,12 @@ class Placement:
 
 def place(names: Sequence[str], shas: Sequence[str], labels: Sequence[str], hashes: Any,
           published: Mapping[str, tuple[str, str]], bits: int, salt: str, splits: Mapping[str, float],
-          keep_across_labels: bool = False) -> Placement:
+          keep_across_labels: bool = False, group_values: Sequence[str] | None = None) -> Placement:
     """Group the new images (see the module) and place each group: ``names``, content ``shas``,
     ``labels`` and perceptual ``hashes`` of every image; ``published``: content hash -> (split, group
-    key) of the previous version's records."""
+    key) of the previous version's records; ``group_values``: each image's group column value ("" for none).
+    A new group whose images carry group values follows the smallest one's split (the earlier group's,
+    in a stable order), else its smallest content hash's."""
     import numpy as np
 
     placement = Placement()
@@ -191,7 +193,8 @@ def place(names: Sequence[str], shas: Sequence[str], labels: Sequence[str], hash
                                          f"{', '.join(old_splits)} ({', '.join(names[j] for j in old[:3])})")
             continue
         smallest = min(shas[i] for i in members)
-        split = old_splits[0] if old_splits else assign_split(smallest, salt, splits)
+        group = min((group_values[i] for i in members if group_values[i]), default="") if group_values else ""
+        split = old_splits[0] if old_splits else assign_split(smallest, salt, splits, group)
         key = min((published[shas[j]][1] or shas[j][:16] for j in old), default=smallest[:16])
         for i in members:
             placement.split[i] = split

@@ -9,6 +9,10 @@ splits are given. Keying on content, not on the file name, means:
 - renaming or moving a file keeps its split.
 
 Changing the salt or the fractions reshuffles everything, by design.
+
+With a group column (``group_column``: a patient, camera or source document in labels.csv), an
+image's split is its group's, a function of ``(salt, group value)``: all of a group's images land
+in one split, and an image with an empty cell falls back to its content hash.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ def unit_hash(*parts: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def assign_split(sha256: str, salt: str, splits: Mapping[str, float]) -> str:
-    """The split for an image with content hash ``sha256``."""
-    point = unit_hash("split", salt, sha256)
+def assign_split(sha256: str, salt: str, splits: Mapping[str, float], group: str = "") -> str:
+    """The split for an image with content hash ``sha256``; with a ``group`` (the group column's value),
+    the group's split, which every image of the group shares."""
+    point = unit_hash("group", salt, group) if group else unit_hash("split", salt, sha256)
     cumulative = 0.0
     names = list(splits)
     for name in names:

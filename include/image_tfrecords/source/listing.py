@@ -48,6 +48,7 @@ class Candidate:
     detail: str = ""
     stamp: str = ""  # the listing's modification stamp (FileInfo.stamp): inspection reuse compares it
     values: tuple[str, ...] = ()  # labels.csv: the declared metadata columns' values, in normal form
+    group: str = ""  # labels.csv: the group column's value (stripped), which keys the split when not empty
 
 
 @dataclass
@@ -95,7 +96,8 @@ def _skip_kind(filename: str) -> str:
 
 def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None,
              cutoff: datetime | None = None, columns: dict[str, str] | None = None,
-             separator: str = DEFAULT_SEPARATOR, modern_formats: bool = True) -> Iterator[Candidate]:
+             separator: str = DEFAULT_SEPARATOR, modern_formats: bool = True,
+             group_column: str = "") -> Iterator[Candidate]:
     """Yield every candidate under ``source`` in a stable order; fill ``counts`` as it goes.
 
     With a ``cutoff``, files modified after it are ignored (counted in ``after_cutoff``): the source
@@ -103,14 +105,18 @@ def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = Non
     as features (``columns``), checked per row; a ``labels`` column makes the rows multi-label (class
     names split on ``separator``, the candidate's label is the sorted set joined by it).
     ``modern_formats`` False skips HEIC/HEIF, AVIF and JPEG XL names (counted as ``modern_format_off``).
+    ``group_column``: the labels.csv column whose value each candidate carries as its ``group``.
     """
     counts = counts if counts is not None else DiscoveryCounts()
     labels_uri = join(source, LABELS_FILE)
     if _has_labels_file(storage, source, labels_uri):
         counts.layout = "labels.csv"
         yield from _from_labels_file(storage, source, labels_uri, counts, cutoff, columns or {}, separator,
-                                     modern_formats)
+                                     modern_formats, group_column)
     else:
+        if group_column:
+            raise BuildError(f"group_column {group_column} is a column of a labels.csv, and {source} has none "
+                             "(it is read as one folder per class)")
         if columns:
             raise BuildError(f"columns {', '.join(columns)} are read from a labels.csv, and {source} has none "
                              "(it is read as one folder per class)")
@@ -203,7 +209,7 @@ def _metadata(row: dict[str, str], columns: dict[str, str], separator: str) -> t
 
 def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: DiscoveryCounts,
                       cutoff: datetime | None, columns: dict[str, str], separator: str,
-                      modern: bool) -> Iterator[Candidate]:
+                      modern: bool, group_column: str = "") -> Iterator[Candidate]:
     sizes, stamps = {}, {}
     for info in _entries(storage, source, counts, cutoff):
         if isinstance(info, Candidate):
@@ -226,6 +232,8 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
         if missing := [name for name in columns if name not in header]:
             raise BuildError(f"{labels_uri} has no column {', '.join(missing)}, which columns declares "
                              f"(found: {found})")
+        if group_column and group_column not in header:
+            raise BuildError(f"{labels_uri} has no column {group_column}, which group_column names (found: {found})")
         counts.multi_label = "labels" in header
         for row in _parsed_rows(reader):
             if isinstance(row, Candidate):
@@ -255,7 +263,7 @@ def _from_labels_file(storage: Storage, source: str, labels_uri: str, counts: Di
                     yield Candidate(filename, num_bytes=sizes[filename], reason="bad_metadata", detail=why)
                 else:
                     yield Candidate(filename, label=label, num_bytes=sizes[filename], stamp=stamps[filename],
-                                    values=values)
+                                    values=values, group=(row.get(group_column) or "").strip() if group_column else "")
     for filename, size in sizes.items():
         if filename == LABELS_FILE or filename in seen:
             continue

@@ -13,7 +13,7 @@ from ..published import layout
 from ..records.schema import REJECTS_FIELDS
 from ..rules.base_version import RETRIED_REASONS
 from ..source.listing import DISCOVERED_FIELDS, DiscoveryCounts, discover
-from ..staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, METADATA, staged
+from ..staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, GROUPS, METADATA, staged
 from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, write_json
 
@@ -29,15 +29,18 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     counts = DiscoveryCounts()
     with RowWriter(storage, staged(cfg, DISCOVERED), DISCOVERED_FIELDS) as found, \
             RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects, \
-            RowWriter(storage, staged(cfg, METADATA), ("filename", *cfg.columns)) as metadata:
+            RowWriter(storage, staged(cfg, METADATA), ("filename", *cfg.columns)) as metadata, \
+            RowWriter(storage, staged(cfg, GROUPS), ("filename", "group")) as groups:
         for candidate in discover(storage, cfg.source, counts, cfg.cutoff, cfg.columns, cfg.label_separator,
-                                  cfg.modern_formats):
+                                  cfg.modern_formats, cfg.group_column):
             if candidate.reason:
                 rejects.write(vars(candidate))
             else:  # plain values: this runs over every file
                 found.write_values((candidate.filename, candidate.label, candidate.num_bytes, candidate.stamp))
                 if cfg.columns:
                     metadata.write_values((candidate.filename, *candidate.values))
+                if cfg.group_column:
+                    groups.write_values((candidate.filename, candidate.group))
     counts.fingerprint.update(json.dumps([__version__, cfg.fingerprint_params], sort_keys=True).encode())
     fingerprint = counts.fingerprint.hexdigest()
     previous, manifest, damaged = readable_previous(cfg, storage)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import BuildConfig
@@ -21,6 +21,7 @@ from ..rules.splits import DuplicateResolver, assign_split
 from ..staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
+    GROUPS,
     IMAGES,
     INSPECT_REJECTS,
     METADATA,
@@ -44,7 +45,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 
     Each record's stored size, channels and format follow from the image options (``transform``); a
     multi-label record's ``label`` is its class names joined by the separator, ``label_id`` their ids;
-    the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv).
+    the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv), and
+    so is the group column's value (``groups.csv``), which keys the split of an image that has one.
     """
     inspected = staged(cfg, IMAGES)
     with read_rows(storage, inspected) as rows:  # plain lists, not dicts: the passes run over every image
@@ -78,7 +80,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     with RowWriter(storage, staged(cfg, RECORDS), fields) as labels, \
             RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects, \
             RowWriter(storage, staged(cfg, NEAR_DUPLICATES), NEAR_DUPLICATES_FIELDS) as near, \
-            read_rows(storage, staged(cfg, METADATA)) as metadata:
+            read_rows(storage, staged(cfg, METADATA)) as metadata, \
+            _group_values(cfg, storage) as group_of:
         for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
             with read_rows(storage, staged(cfg, earlier)) as rows:
                 for row in rows:
@@ -101,7 +104,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     continue
                 before = published.get(values[sha])
                 split = placement.split.get(number) or (before[0] if before else "") or assign_split(
-                    values[sha], cfg.salt, cfg.splits)
+                    values[sha], cfg.salt, cfg.splits, group_of(values[name]))
                 record = [values[i] if i >= 0 else "" for i in take]
                 record[split_at] = split
                 if multi:
@@ -147,18 +150,21 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 
 def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> dict[str, tuple[str, str]]:
     """Content hash -> (split, near-duplicate group) of the previous version's records, which keep their
-    splits; nothing when there is none or its splits or salt were others (changing them reassigns every
-    image). With the search off, only its grouped records (``near_duplicates.csv``: the others are where
-    the split rule puts them); with it on, all of them (labels.csv: which images are new). A previous
+    splits; nothing when there is none or its splits, salt or group column were others (changing them
+    reassigns every image). With the search off, only its grouped records (``near_duplicates.csv``: the
+    others are where the split rule puts them); with it on, all of them (labels.csv: which images are
+    new), and with a group column too (an image whose group value was edited stays where it is). A previous
     version that lost those files gives what is left (a damaged base is rebuilt in full anyway).
     Memory: about 200 bytes per record read."""
-    if manifest is None or (manifest.params.get("splits"), manifest.params.get("salt")) != (cfg.splits, cfg.salt):
+    params = manifest.params if manifest is not None else {}
+    if manifest is None or (params.get("splits"), params.get("salt"), params.get("group_column", "")) != \
+            (cfg.splits, cfg.salt, cfg.group_column):
         return {}
     version = join(cfg.dataset_uri, manifest.version)
     grouped: dict[str, tuple[str, str]] = {}
     with contextlib.suppress(FileNotFoundError), read_rows(storage, join(version, layout.NEAR_DUPLICATES)) as rows:
         grouped = {row["sha256"]: (row["split"], row["near_group"]) for row in rows}  # none before 0.6.0
-    if cfg.near_duplicate_bits <= 0:
+    if cfg.near_duplicate_bits <= 0 and not cfg.group_column:
         return grouped
     published: dict[str, tuple[str, str]] = {}
     try:
@@ -182,9 +188,10 @@ def _near_duplicates(cfg: BuildConfig, storage: Storage, inspected: str, col: di
     shas: list[str] = []
     labels: list[str] = []
     hashes: list[str] = []
+    groups: list[str] = []
     if cfg.near_duplicate_bits <= 0:
         return Placement()
-    with read_rows(storage, inspected) as rows:
+    with read_rows(storage, inspected) as rows, _group_values(cfg, storage) as group_of:
         _ = rows.fieldnames
         name, label, sha, phash = col["filename"], col["label"], col["sha256"], col["phash"]
         for values in rows.reader:
@@ -192,20 +199,34 @@ def _near_duplicates(cfg: BuildConfig, storage: Storage, inspected: str, col: di
             shas.append(values[sha])
             labels.append(values[label])
             hashes.append("" if resolver.verdict(values[name], values[sha]) else values[phash])
+            groups.append(group_of(values[name]))
     placement = place(names, shas, labels, hash_array(hashes), published, cfg.near_duplicate_bits, cfg.salt,
-                      cfg.splits, keep_across_labels=cfg.near_duplicate_labels == "keep")
+                      cfg.splits, keep_across_labels=cfg.near_duplicate_labels == "keep", group_values=groups)
     log.info("near-duplicates: %d groups of new images (%d bits); %d images rejected", placement.groups,
              cfg.near_duplicate_bits, len(placement.rejected))
     return placement
 
 
-def _metadata_of(filename: str, rows: Iterator[list[str]]) -> list[str]:
+@contextlib.contextmanager
+def _group_values(cfg: BuildConfig, storage: Storage) -> Iterator[Callable[[str], str]]:
+    """A function giving each image's group column value, asked in images.csv's order (a subsequence of
+    ``groups.csv``'s, which discovery wrote); ``""`` for every image without a group column."""
+    if not cfg.group_column:
+        yield lambda _filename: ""
+        return
+    with read_rows(storage, staged(cfg, GROUPS)) as rows:
+        _ = rows.fieldnames  # reads the header
+        values = iter(rows.reader)
+        yield lambda filename: _metadata_of(filename, values, GROUPS)[0]
+
+
+def _metadata_of(filename: str, rows: Iterator[list[str]], table: str = METADATA) -> list[str]:
     """The declared columns of ``filename``: the next row of ``rows`` that names it (both tables list files
     in discovery order, images.csv a subsequence of metadata.csv's)."""
     for values in rows:
         if values[0] == filename:
             return values[1:]
-    raise BuildError(f"{filename} has no row in the staged metadata.csv")
+    raise BuildError(f"{filename} has no row in the staged {table}")
 
 
 def _classes_of_damaged(cfg: BuildConfig, storage: Storage, version: str, known: list[str],

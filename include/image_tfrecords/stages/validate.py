@@ -152,7 +152,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked,
                               read_json(storage, staged(cfg, DISCOVER_SUMMARY)).get("damaged_versions", []))
         | {"near_duplicates": summary.get("near_duplicates", {})},
-        "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt,
+        "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt, "group_column": cfg.group_column,
                                          "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
                                          "max_pixels": cfg.max_pixels, **cfg.image_options.describe(),
                                          "columns": dict(cfg.columns), "label_separator": cfg.label_separator,
