@@ -4,6 +4,7 @@
                         [--out BENCHMARKS.md]
     python bench/run.py --only incremental [--incremental 6000] [--out FILE]  # that section alone
     python bench/run.py --only options [--options 3670] [--rounds 2] [--out FILE]  # likewise
+    python bench/run.py --only readers [--readers 3670] [--out FILE]  # likewise
     python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
 
 Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (the project's own generator, run
@@ -39,6 +40,11 @@ jpeg --jpeg-quality 90``, with ``--resize 224x224 --encoding raw --channels 3`` 
 longest:512``, at ``--workers 1`` and at the CPU count, the best of ``--rounds``: total, CPU and write-stage
 seconds, write ms per image and its difference from the original build's, output MB and MB per image.
 ``--only options`` runs that section alone.
+Random-access readers (``--readers``, issue 26; ``bench/readers.py``): records/s of one version built from the
+main table's corpus, read by ``RecordSource`` alone, through PyTorch's DataLoader (0 and 2 workers) and Grain,
+against ``tfrecord``'s ``MultiTFRecordDataset`` (0 and 2 workers) and ``tf.data``, with and without decoding
+(torch, Grain and tfrecord in a venv of their own, made once in the work folder). ``--only readers`` runs
+that section alone; ``--smoke`` skips it (it would install torch).
 Corpora and outputs live in ``.bench/`` (not committed).
 
 One module per section: ``common`` (measuring a command, the corpora), ``main_table``, ``dag_tasks`` (the
@@ -65,6 +71,7 @@ from bench.dag_tasks import render_scale, run_tasks, scale_targets, write_alone 
 from bench.image_options import options_cost, render_options  # noqa: E402
 from bench.incremental import incremental_nights, incremental_targets, render_incremental  # noqa: E402
 from bench.main_table import DagRunner, chart, main_table, render, targets  # noqa: E402
+from bench.readers import readers, readers_targets, render_readers  # noqa: E402
 from bench.scaling import dag_on_stack, dag_targets, render_dag_on_stack, render_scaling, scaling, scaling_targets  # noqa: E402
 
 
@@ -83,8 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="images of the DAG run on a real LocalExecutor stack, with --scaling (0 for none)")
     parser.add_argument("--options", type=int, default=None,
                         help="corpus size of the image options' builds (0 for none; default: --images)")
-    parser.add_argument("--only", choices=("all", "incremental", "scaling", "options"), default="all",
-                        help="incremental, scaling or options: only that section (default --out: WORK/SECTION.md)")
+    parser.add_argument("--readers", type=int, default=None,
+                        help="corpus size of the random-access readers' version (0 for none; default: --images)")
+    parser.add_argument("--only", choices=("all", "incremental", "scaling", "options", "readers"), default="all",
+                        help="incremental, scaling, options or readers: only that section (default --out: "
+                             "WORK/SECTION.md)")
     parser.add_argument("--no-dag", action="store_true", help="skip (e)")
     parser.add_argument("--out", help="markdown file to write (default: BENCHMARKS.md)")
     parser.add_argument("--work", default=str(ROOT / ".bench"), help="corpora and scratch space")
@@ -93,10 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard_size_mb = 100.0
     if args.smoke:  # small shards, so that the few hundred images of a night have shards to reuse
         args.rounds, args.images, args.scale, args.incremental, args.chain = 1, 40, "30,60", "300", 5
-        args.scaling, args.dag_stack, args.options = 200, 0, 40
+        args.scaling, args.dag_stack, args.options, args.readers = 200, 0, 40, 0
         shard_size_mb = 4.0
     if args.options is None:
         args.options = args.images
+    if args.readers is None:
+        args.readers = args.images
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or (work / f"{args.only}.md" if args.only != "all" else ROOT / "BENCHMARKS.md"))
@@ -109,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only == "options":
         command = (f"bench/run.py{' --smoke' * args.smoke} --only options --options {args.options} "
                    f"--rounds {args.rounds}")
+    if args.only == "readers":
+        command = f"bench/run.py --only readers --readers {args.readers}"
     data: dict[str, Any] = {}
     rows: list[tuple[str, str, bool]] = []
     issues = []
@@ -169,6 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += incremental_targets(incremental)
         issues.append("22")
         data["incremental"] = incremental
+    if args.readers and args.only in ("all", "readers"):
+        print(f"random-access readers: {args.readers} images ...", flush=True)
+        data["readers"] = readers(args.readers, work, args.smoke)
+        text += "\n".join(render_readers(data["readers"])) + "\n"
+        rows += readers_targets(data["readers"])
+        issues.append("26")
     if rows:
         text += (f"\n## Targets (issue{'s' if len(issues) > 1 else ''} {' and '.join(issues)})\n\n"
                  "| target | measured | met |\n|---|---|---|\n") + "".join(

@@ -1,15 +1,21 @@
-"""The four readers of docs/readers.md read our output, from a plain ``pip install``.
+"""The readers of docs/readers.md read our output, from a plain ``pip install``.
 
 One module fixture makes a fresh virtual environment (from the base interpreter, not the dev
-venv) and installs into it, in one pip call, the project with its ``loader`` extra (not editable),
-``tensorflow-datasets``, ``tfrecord`` and a CPU build of ``torch``, constrained to the pins of
-requirements-dev.txt. The installed console script builds a dataset from generated images; then
-each reader runs in that environment:
+venv) and installs into it, in one pip call, the project with its ``loader``, ``torch`` and ``grain``
+extras (not editable), ``tensorflow-datasets``, ``tfrecord``, a CPU build of ``torch`` and ``grain``,
+constrained to the pins of requirements-dev.txt (``tools/reader_venv.py``, shared with the bench).
+The installed console script builds a dataset from generated images; then each reader runs in that
+environment:
 
 * Keras trains an epoch on ``load_split`` (the ``keras`` snippet of docs/readers.md);
 * TFDS reads every split through ``builder_from_directory`` (``tfds``);
 * PyTorch reads the train split with ``tfrecord`` + ``DataLoader(num_workers=2)`` (``pytorch``);
 * plain ``tf.data`` (``tf-data``);
+* PyTorch through ``RecordSource`` + ``ImageDataset``: ``DataLoader(shuffle=True, num_workers=2)`` sees
+  each record once per epoch in a shuffled order, ``DistributedSampler`` splits it between two ranks
+  without overlap, and ``collate_bytes`` batches (the stored bytes from the workers' shared buffers) hold
+  each record's exact bytes once per epoch (``random-access-torch``);
+* Grain reads ``RecordSource`` through ``grain.MapDataset`` with a global shuffle (``random-access-grain``);
 * ``load_split`` still reads a version whose manifest has its old name, ``dataset_info.json``.
 
 Substitution rule: the snippets of docs/readers.md run as they are shown, except for the line
@@ -24,12 +30,10 @@ import csv
 import hashlib
 import json
 import math
-import os
 import random
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -41,22 +45,13 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from tools.reader_venv import GRAIN, INSTALL_TIMEOUT, LOCK, TORCH, Venv, make_venv, plain_constraints, snapshot_project
+from tools.reader_venv import tail as _tail
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "readers.md"
-LOCK = ROOT / "requirements-dev.txt"
 DEST_PLACEHOLDER = "/data/image-tfrecords"
 DEST_LINE = f'DEST = "{DEST_PLACEHOLDER}"'
-
-# torch: PyPI's Linux wheel of torch is a CUDA build that pulls GBs of nvidia-* wheels. This
-# machine's pip (/etc/pip.conf: find-links /opt/wheels, extra local indexes) has a CPU-only build,
-# torch 2.13.0+cpu (~190 MB, no nvidia dependencies), which is what this pins. The torch 2.14.1 of
-# the local index is the CUDA build: it requires cuda-toolkit, nvidia-cudnn-cu13, triton, ... and
-# made the install a 7.7 GB, 4-minute affair. Elsewhere, point pip at a CPU build and set
-# IMAGE_TFRECORDS_TEST_TORCH, e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu with
-# IMAGE_TFRECORDS_TEST_TORCH="torch==2.13.0+cpu".
-TORCH = os.environ.get("IMAGE_TFRECORDS_TEST_TORCH", "torch==2.13.0+cpu")
-INSTALL_TIMEOUT = 15 * 60
-RUN_TIMEOUT = 300
 CLASSES = ("daisy", "rose", "tulip")
 PER_CLASS = 12
 SHARD_SIZE_MB = "0.05"  # a few shards per split (train: 3) from ~240 kB of images
@@ -66,96 +61,30 @@ pytestmark = pytest.mark.timeout(INSTALL_TIMEOUT + 600)
 
 
 # -- the fresh environment ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class Venv:
-    root: Path
-    python: str
-    work: Path  # the working folder of every command (not the checkout: nothing imports from it)
-    env: dict[str, str]
-
-    def run(self, args: list[str], timeout: int = RUN_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.work)
-
-
-def plain_constraints(lock: Path, out: Path) -> Path | None:
-    """``name==version`` lines of a lock file (following its ``-r``/``-c`` files), as a constraints file.
-
-    requirements-dev.txt carries ``--hash`` entries; pip then wants hashes for everything it
-    installs, which a project directory cannot have ("Can't verify hashes for these file://
-    requirements because they point to directories"). Extras go too (pip refuses them in constraints).
-    """
-    if not lock.exists():
-        return None
-    pins: list[str] = []
-
-    def read(path: Path) -> None:
-        text = re.sub(r"\\\n", " ", path.read_text())  # join continuation lines
-        for line in text.splitlines():
-            line = re.sub(r"(^|\s)#.*", "", line).strip()
-            include = re.match(r"(?:-r|-c|--requirement|--constraint)[\s=]+(\S+)", line)
-            if include:
-                read(path.parent / include.group(1))
-            elif line and not line.startswith("-"):
-                requirement = re.split(r"\s--?\w", line)[0].strip()
-                requirement = re.sub(r"^([A-Za-z0-9._-]+)\[[^\]]*\]", r"\1", requirement)
-                if "==" in requirement:
-                    pins.append(requirement)
-
-    read(lock)
-    out.write_text("\n".join(dict.fromkeys(pins)) + "\n")
-    return out
-
-
-def snapshot_project(dest: Path) -> Path:
-    """The files the wheel is built from, copied: building in the checkout would leave ``build/`` and
-    ``include/image_tfrecords.egg-info`` there, and a copy cannot change half way through the build."""
-    shutil.copytree(ROOT / "include", dest / "include",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-    for path in [ROOT / "pyproject.toml", ROOT / "README.md", *ROOT.glob("LICEN[CS]E*")]:
-        shutil.copy2(path, dest / path.name)
-    return dest
-
-
-def _tail(proc: subprocess.CompletedProcess[str], lines: int = 60) -> str:
-    noise = "is ignored: it is neither a file nor a directory"  # pip's complaint about local indexes
-    out = [line for line in (proc.stdout + proc.stderr).splitlines() if noise not in line]
-    return "\n".join(out[-lines:])
-
-
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
     tmp = tmp_path_factory.mktemp("readers")
-    base = getattr(sys, "_base_executable", sys.executable)  # sys.executable may be the dev venv's
     root = tmp / "venv"
-    subprocess.run([base, "-m", "venv", str(root)], check=True, capture_output=True, timeout=300)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env.update(PATH=f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(root),
-               TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    (tmp / "work").mkdir()
-    venv = Venv(root, str(root / "bin" / "python"), tmp / "work", env)
-
+    venv = make_venv(root, tmp / "work")
     project = snapshot_project(tmp / "project")
-    command = [venv.python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet"]
-    constraints = plain_constraints(LOCK, tmp / "constraints.txt")
-    if constraints:
-        command += ["-c", str(constraints)]
-    command += [f"{project}[loader]", "tensorflow-datasets", "tfrecord", TORCH]
+    requirements = [f"{project}[loader,torch,grain]", "tensorflow-datasets", "tfrecord", TORCH, GRAIN]
     start = time.monotonic()
     try:
-        proc = venv.run(command, timeout=INSTALL_TIMEOUT)
+        proc = venv.pip_install(requirements, plain_constraints(LOCK, tmp / "constraints.txt"))
     except subprocess.TimeoutExpired:
-        pytest.fail(f"pip install took more than {INSTALL_TIMEOUT} s: {' '.join(command)}", pytrace=False)
+        pytest.fail(f"pip install took more than {INSTALL_TIMEOUT} s: {' '.join(requirements)}", pytrace=False)
     took = time.monotonic() - start
-    print(f"\n[readers] pip install into a fresh venv took {took:.0f} s: {' '.join(command[3:])}")
+    print(f"\n[readers] pip install into a fresh venv took {took:.0f} s: {' '.join(requirements)}")
     if proc.returncode:  # no network included: CI has the registry, so this is a failure, not a skip
-        pytest.fail(f"pip install failed (exit {proc.returncode}) after {took:.0f} s: {' '.join(command)}\n"
+        pytest.fail(f"pip install failed (exit {proc.returncode}) after {took:.0f} s: {' '.join(requirements)}\n"
                     f"{_tail(proc)}", pytrace=False)
 
     check = venv.run([venv.python, "-c", textwrap.dedent("""
         import json, sys
         from importlib.metadata import version
-        import image_tfrecords, tfrecord, torch
-        names = ["image-tfrecords", "tensorflow-cpu", "tensorflow-datasets", "tfrecord", "torch", "pandas", "keras"]
+        import grain, image_tfrecords, tfrecord, torch
+        names = ["image-tfrecords", "tensorflow-cpu", "tensorflow-datasets", "tfrecord", "torch", "grain", "pandas",
+                 "keras"]
         print(json.dumps({"file": image_tfrecords.__file__, "prefix": sys.prefix, "cuda": torch.version.cuda,
                           **{name: version(name) for name in names}}))
     """)])
@@ -254,8 +183,8 @@ def run_snippet(venv: Venv, name: str, dest: Path, checks: str, tmp_path: Path) 
     return json.loads(results[-1].removeprefix("RESULT "))
 
 
-def test_docs_have_the_four_readers() -> None:
-    assert set(snippets()) == {"keras", "tfds", "pytorch", "tf-data"}
+def test_docs_have_the_six_readers() -> None:
+    assert set(snippets()) == {"keras", "tfds", "pytorch", "tf-data", "random-access-torch", "random-access-grain"}
 
 
 # -- 1. the console script --------------------------------------------------------------------
@@ -383,6 +312,137 @@ def test_plain_tf_data(venv: Venv, published: Published, tmp_path: Path) -> None
     rows = published.rows("train")
     assert len(result) == published.manifest["splits"]["train"]["num_records"] == len(rows)
     assert sorted(result) == sorted([int(r["height"]), int(r["width"]), 3, "uint8", int(r["label_id"])] for r in rows)
+
+
+# -- random access: RecordSource through PyTorch and Grain ----------------------------------------
+def file_order(published: Published, split: str) -> list[str]:
+    """The split's filenames in shard order, then record order (labels.csv's shard and place in it)."""
+    shards = [s["file"] for s in published.manifest["splits"][split]["shards"]]
+    rows = sorted(published.rows(split), key=lambda r: (shards.index(r["shard"]), int(r["shard_position"])))
+    return [r["filename"] for r in rows]
+
+
+def test_random_access_torch_reads_each_record_once_per_epoch(venv: Venv, published: Published,
+                                                              tmp_path: Path) -> None:
+    result = run_snippet(venv, "random-access-torch", published.dest, """
+        import json
+        epochs = [[name for batch in loader for name in batch["filename"]] for _ in range(2)]
+        shapes = sorted({(str(b["image"].dtype), *b["image"].shape[1:], str(b["label"].dtype)) for b in loader})
+        ranks = []
+        for rank in range(2):
+            sampler = torch.utils.data.DistributedSampler(train, num_replicas=2, rank=rank, shuffle=True, seed=0)
+            sampler.set_epoch(1)
+            ranks.append([name for batch in torch.utils.data.DataLoader(train, batch_size=8, sampler=sampler,
+                                                                        num_workers=2)
+                          for name in batch["filename"]])
+        print("RESULT " + json.dumps({"epochs": epochs, "shapes": shapes, "ranks": ranks, "classes": classes,
+                                      "in_order": [source[i]["filename"] for i in range(len(source))],
+                                      "source": repr(source)}))
+    """, tmp_path)
+    order = file_order(published, "train")
+    assert result["in_order"] == order  # source[i]: shards in manifest order, records in file order
+    for epoch in result["epochs"]:  # DataLoader(shuffle=True, num_workers=2): each record exactly once...
+        assert Counter(epoch) == Counter(order) and len(epoch) == len(order)
+        assert epoch != order  # ...in a shuffled order
+    assert result["epochs"][0] != result["epochs"][1]  # another one each epoch
+    assert result["shapes"] == [["torch.uint8", 3, 32, 32, "torch.int64"]]
+    assert result["classes"] == list(CLASSES)
+    assert result["source"].startswith(f"RecordSource({str(published.version)!r}, 'train', records={len(order)}")
+    rank0, rank1 = result["ranks"]  # DistributedSampler: two shares that do not overlap and cover the split
+    padding = len(order) % 2  # an odd split: one record repeated so that the ranks have equal shares
+    assert len(rank0) == len(rank1) == (len(order) + padding) // 2
+    assert set(rank0) | set(rank1) == set(order)
+    assert len(set(rank0) & set(rank1)) == padding and len(set(rank0)) == len(rank0)
+
+
+def test_random_access_torch_packed_bytes_once_per_epoch(venv: Venv, published: Published, tmp_path: Path) -> None:
+    """``ImageDataset(decode=False)`` + ``collate_fn=collate_bytes`` with 2 workers and ``shuffle=True``: each
+    epoch, every record's stored bytes exactly once (their SHA-256 as labels.csv lists them), through the
+    workers' shared buffers, which are gone once the process ends."""
+    result = run_snippet(venv, "random-access-torch", published.dest, """
+        import glob, hashlib, json, os
+        mine = f"/dev/shm/image-tfrecords-batch-{os.getpid()}-*"
+        epochs, buffers, kinds = [], 0, set()
+        for _ in range(2):
+            seen = []
+            for batch in packed:
+                offsets = batch["image_offsets"].tolist()
+                kinds.add((str(batch["image"].dtype), batch["image"].dim(), offsets[0] == 0,
+                           offsets[-1] == batch["image"].numel(), str(batch["label"].dtype)))
+                for name, label, image in zip(batch["filename"], batch["label"].tolist(), split_bytes(batch),
+                                              strict=True):
+                    seen.append([name, label, hashlib.sha256(image.numpy()).hexdigest()])
+                buffers = max(buffers, len(glob.glob(mine)))  # the workers' buffers, while they run
+            epochs.append(seen)
+        print("RESULT " + json.dumps({"epochs": epochs, "kinds": sorted(kinds), "buffers": buffers,
+                                      "pid": os.getpid(), "keys": sorted(batch)}))
+    """, tmp_path)
+    rows = published.rows("train")
+    expected = Counter((r["filename"], int(r["label_id"]), r["encoded_sha256"] or r["sha256"]) for r in rows)
+    assert len(expected) == len(rows)
+    order = file_order(published, "train")
+    for epoch in result["epochs"]:
+        assert Counter(map(tuple, epoch)) == expected and len(epoch) == len(rows)  # every record's bytes, once
+        assert [name for name, _, _ in epoch] != order  # shuffled
+    assert result["epochs"][0] != result["epochs"][1]  # another order each epoch
+    assert result["kinds"] == [["torch.uint8", 1, True, True, "torch.int64"]]
+    assert result["keys"] == ["filename", "image", "image_offsets", "label"]
+    if Path("/dev/shm").is_dir():
+        assert result["buffers"] > 0  # the batches came through the workers' buffers, not the fallback
+        assert not list(Path("/dev/shm").glob(f"image-tfrecords-batch-{result['pid']}-*"))  # removed
+
+
+def test_random_access_grain_global_shuffle(venv: Venv, published: Published, tmp_path: Path) -> None:
+    result = run_snippet(venv, "random-access-grain", published.dest, """
+        import json
+        from grain.sources import RandomAccessDataSource
+        batches = list(train.to_iter_dataset())
+        names = [str(name) for batch in batches for name in batch["filename"]]
+        shapes = sorted({(str(b["image"].dtype), *b["image"].shape[1:], str(b["label"].dtype)) for b in batches})
+        again = [str(n) for b in train.to_iter_dataset() for n in b["filename"]]
+        print("RESULT " + json.dumps({"names": names, "again": again, "shapes": shapes,
+                                      "protocol": isinstance(source, RandomAccessDataSource)}))
+    """, tmp_path)
+    order = file_order(published, "train")
+    assert result["protocol"] is True
+    assert Counter(result["names"]) == Counter(order) and len(result["names"]) == len(order)  # each once
+    assert result["names"] != order and result["again"] == result["names"]  # shuffled, repeatably (seed)
+    # a global shuffle: records of the last shard come out in the first half
+    last = {name for name in order[-published.manifest["splits"]["train"]["shards"][-1]["num_records"]:]}
+    assert last & set(result["names"][:len(order) // 2])
+    assert result["shapes"] == [["uint8", 32, 32, 3, "int64"]]
+
+
+GRAIN_PROCESSES = """
+import json, os, sys
+
+import grain
+
+from image_tfrecords import RecordSource
+
+
+def opened(record):
+    return {"filename": record["filename"], "pid": os.getpid()}
+
+
+if __name__ == "__main__":  # Grain starts its processes with spawn: the source is pickled to them
+    source = RecordSource(sys.argv[1], "train", fields=("filename",))
+    source[0]  # open in this process first: the children must open their own
+    dataset = grain.MapDataset.source(source).shuffle(seed=1).map(opened).to_iter_dataset()
+    out = list(dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
+    print(json.dumps({"names": [r["filename"] for r in out], "pids": sorted({r["pid"] for r in out}),
+                      "me": os.getpid()}))
+"""
+
+
+def test_grain_processes_open_their_own_files(venv: Venv, published: Published, tmp_path: Path) -> None:
+    script = tmp_path / "grain_processes.py"
+    script.write_text(GRAIN_PROCESSES)
+    proc = venv.run([venv.python, str(script), str(published.dest / "flowers")])
+    assert proc.returncode == 0, _tail(proc)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Counter(result["names"]) == Counter(file_order(published, "train"))
+    assert len(result["pids"]) == 2 and result["me"] not in result["pids"]
 
 
 # -- 5. a version whose manifest has the old name ---------------------------------------------

@@ -132,6 +132,17 @@ def decode_example(data: bytes) -> dict[str, list[bytes] | list[int] | list[floa
     Parsing uses protobuf's own (upb, C) parser with the Example schema: an implementation independent of
     ``encode_example``, so validation does not only confirm what the writer believes it wrote.
     """
+    result: dict[str, list[bytes] | list[int] | list[float]] = {}
+    for key, feature in parse_example(data).features.feature.items():
+        kind = feature.WhichOneof("kind")
+        result[key] = list(getattr(feature, kind).value) if kind else []
+    return result
+
+
+def parse_example(data: bytes) -> Any:
+    """The ``tf.train.Example`` message of ``data`` (protobuf's parser, as in ``decode_example``), for readers
+    that take a few known keys (``message.features.feature[key].bytes_list.value``); ValueError if it does
+    not parse."""
     from google.protobuf.message import DecodeError
 
     example = _example_class()()
@@ -139,8 +150,4 @@ def decode_example(data: bytes) -> dict[str, list[bytes] | list[int] | list[floa
         example.ParseFromString(data)
     except DecodeError as exc:
         raise ValueError(f"not a tf.train.Example: {exc}") from exc
-    result: dict[str, list[bytes] | list[int] | list[float]] = {}
-    for key, feature in example.features.feature.items():
-        kind = feature.WhichOneof("kind")
-        result[key] = list(getattr(feature, kind).value) if kind else []
-    return result
+    return example

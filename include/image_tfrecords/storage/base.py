@@ -174,6 +174,13 @@ class Store(ABC):
         with self.open_read(uri) as f:
             return f.read()
 
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        """``length`` bytes of the file from byte ``start`` (fewer only where the file ends first);
+        FileNotFoundError if it does not exist. A store with ranged reads does better than this."""
+        with self.open_read(uri) as f:
+            f.read(start) if not f.seekable() else f.seek(start)
+            return f.read(length)
+
     @abstractmethod
     def download(self, uri: str, path: str) -> str | None:
         """Copy ``uri`` to the local file ``path`` (streamed); a tag of the copied version where the store

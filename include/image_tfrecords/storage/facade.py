@@ -83,6 +83,11 @@ class Storage:
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode("utf-8")
 
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        """``length`` bytes of the file from byte ``start`` (fewer where it ends first; S3: one ranged GET);
+        FileNotFoundError if it does not exist."""
+        return self._store_for(uri).read_range(uri, start, length)
+
     def open_read(self, uri: str) -> AbstractContextManager[BinaryIO]:
         """A binary stream of the file (S3: the response body, not spooled to disk); FileNotFoundError
         if it does not exist."""

@@ -62,6 +62,13 @@ class LocalStore(Store):
         with open(uri, "rb") as f:
             yield f
 
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        fd = os.open(uri, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, length, start)
+        finally:
+            os.close(fd)
+
     def download(self, uri: str, path: str) -> str | None:
         shutil.copyfile(uri, path)
         return None

@@ -174,6 +174,24 @@ class S3Store(Store):
         finally:
             body.close()
 
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        """One ranged GET (``Range: bytes=start-end``), under the deadline."""
+        from botocore.exceptions import ClientError
+
+        if length <= 0:
+            return b""
+        bucket, key = split_s3(uri)
+        try:
+            obj = self._call(uri, "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
+        except ClientError as exc:
+            if is_missing(exc):
+                raise FileNotFoundError(uri) from None
+            if error_code(exc) in ("InvalidRange", "416"):
+                return b""  # the range starts past the object's end
+            raise
+        with contextlib.closing(obj["Body"]) as body:
+            return body.read(length)
+
     def download(self, uri: str, path: str) -> str | None:
         obj = self._get(uri)
         if obj is None:
