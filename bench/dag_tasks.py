@@ -81,7 +81,11 @@ def run_tasks(corpus: Path, work: Path, parallel: int = 2) -> dict[str, Any]:
     report: dict[str, Any] = {"stages": {}, "mapped": {}}
     xcoms: dict[str, Any] = {}
     started = time.perf_counter()
+    skipped: set[str] = set()  # tasks of the branches not taken (the gate's approval and discard, when it passes)
     for task in load_dag().topological_sort():
+        if task.task_id in skipped or (task.upstream_task_ids and task.upstream_task_ids <= skipped):
+            skipped.add(task.task_id)
+            continue
         task_started = time.perf_counter()
         if task.is_mapped:
             ((name, arg),) = task.op_kwargs_expand_input.value.items()  # one mapped argument per task here
@@ -98,6 +102,11 @@ def run_tasks(corpus: Path, work: Path, parallel: int = 2) -> dict[str, Any]:
                                           "xcom_bytes": max((len(json.dumps(x)) for _, x in runs), default=0)}
         if xcoms[task.task_id] is False:  # a short-circuit that skips the rest
             break
+        result = xcoms[task.task_id]
+        if getattr(task, "inherits_from_skipmixin", False) and isinstance(result, str | list):  # a branch
+            chosen = {result} if isinstance(result, str) else set(result)
+            follow = chosen | {d for c in chosen for d in task.dag.get_task(c).get_flat_relative_ids(upstream=False)}
+            skipped |= set(task.downstream_task_ids) - follow
     report["seconds"] = time.perf_counter() - started
     report["mapped_tasks"] = report["mapped"].get("write_shards", 0)
     report["shards"] = len(layout.read_manifest(Storage(), str(dest / "scale" / "v1")).shard_files)

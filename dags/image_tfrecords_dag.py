@@ -36,10 +36,17 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 7. **card** renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
    `card/`): records per split and class, sample thumbnails, rejects, shard sizes, changes since
    the previous version, params;
-8. **publish** copies the build to `DEST/DATASET/VERSION/` (with TFDS's `dataset_info.json` and
+8. **gate**, with the `gate` param (off by default), compares the build with the previous published
+   version (reject share, class shares, quality-flag shares, near-duplicates across labels; the
+   `gate_*` params are the thresholds) and records its verdict in the manifest. When one trips, the
+   task fails with the report in its log, unless `accept_gate` is set (publish anyway) or `approval`
+   is: then **approval** waits for a person in the UI's *Required Actions*: *Approve* publishes,
+   *Reject* runs **discard_rejected**, which drops the build's staging (nothing is published;
+   unanswered after `IMAGE_TFRECORDS_APPROVAL_HOURS`, default 20, counts as *Reject*);
+9. **publish** copies the build to `DEST/DATASET/VERSION/` (with TFDS's `dataset_info.json` and
    `features.json`, so `tfds.builder_from_directory` reads it), then writes `_SUCCESS`, then moves
    `latest.json` forward;
-9. **clean_stale_staging** (a teardown: it runs whether the run succeeded or failed, and does not
+10. **clean_stale_staging** (a teardown: it runs whether the run succeeded or failed, and does not
    decide the run's state) removes the staging of *other* versions that never published and were
    untouched for `IMAGE_TFRECORDS_STAGING_GRACE_HOURS` (default 24), unless a build holds their lock.
 
@@ -69,7 +76,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import Asset, dag, get_current_context, task, teardown
 
-from image_tfrecords.airflow_glue import dag_params, notify_failure  # light: no stage, TensorFlow or Pillow
+from image_tfrecords.airflow_glue import dag_params, gate_approval, notify_failure  # light: no stage, TF or Pillow
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +89,9 @@ PUBLISHED_DATASET = Asset(name="image_tfrecords", group="ml-datasets")
 POOL = os.environ.get("IMAGE_TFRECORDS_POOL", "default_pool")
 RETRY_DELAY = timedelta(seconds=float(os.environ.get("IMAGE_TFRECORDS_RETRY_DELAY_SECONDS", "30")))
 STAGING_GRACE_HOURS = float(os.environ.get("IMAGE_TFRECORDS_STAGING_GRACE_HOURS", "24"))
+# How long a tripped gate waits for a person (then it counts as Reject); below the staging grace period, so
+# that no other run's cleanup removes a build while it waits.
+APPROVAL_TIMEOUT = timedelta(hours=float(os.environ.get("IMAGE_TFRECORDS_APPROVAL_HOURS", "20")))
 
 
 PARAMS = dag_params()  # from image_tfrecords.options; source, destination, dataset defaults from IMAGE_TFRECORDS_*
@@ -199,8 +209,26 @@ def image_tfrecords() -> None:
 
         return _run(stages.card_stage)
 
-    @task(execution_timeout=timedelta(hours=1), outlets=[PUBLISHED_DATASET])
-    def publish(carded: dict[str, Any]) -> dict[str, Any]:
+    @task.branch
+    def gate(carded: dict[str, Any]) -> str:
+        """Compare the build with the previous published version: publish, ask a person, or fail with the report."""
+        from image_tfrecords import stages
+        from image_tfrecords.airflow_glue import gate_branch
+
+        return gate_branch(get_current_context(), _run(stages.gate_stage), publish="publish", ask="approval")
+
+    @task
+    def discard_rejected() -> dict[str, Any]:
+        """A person rejected the build at the gate: drop its staging; nothing is published."""
+        from image_tfrecords import stages
+
+        log.info("the build was rejected at the publish gate: discarding its staging, nothing is published")
+        return _run(stages.discard_stage)
+
+    # Runs after the gate passed (the approval task is skipped), or after a person approved (the approval
+    # task recorded it in the staged manifest: publish refuses a build whose gate tripped otherwise).
+    @task(execution_timeout=timedelta(hours=1), outlets=[PUBLISHED_DATASET], trigger_rule="none_failed_min_one_success")
+    def publish() -> dict[str, Any]:
         """Publish atomically: files, then _SUCCESS, then latest.json; then announce it as an Asset event."""
         from image_tfrecords import stages
 
@@ -222,7 +250,12 @@ def image_tfrecords() -> None:
     shard_tasks = plan(split(inspect_images.expand(chunk=chunks)))
     validated = validate(reuse_shards(shard_tasks))
     write_shards.expand(task_index=shard_tasks) >> validated
-    publish(card(validated)) >> clean_stale_staging()
+    gated, published, discarded = gate(card(validated)), publish(), discard_rejected()
+    approval = gate_approval("approval", "gate", on_approve="publish", on_reject="discard_rejected",
+                             timeout=APPROVAL_TIMEOUT)
+    gated >> [published, approval]
+    approval >> [published, discarded]
+    [published, discarded] >> clean_stale_staging()
 
 
 image_tfrecords()

@@ -4,9 +4,10 @@
 deployment needs nothing on ``sys.path`` but ``dags_folder`` (``plugins/`` adds the UI page, no
 task needs it). Here: the S3 client from the ``aws_default`` connection (``airflow_storage``), the
 run's version and snapshot time, the trigger form's Params and the params-to-``BuildConfig``
-mapping (both from ``options.OPTIONS``), and ``run_stage``, which
+mapping (both from ``options.OPTIONS``), ``run_stage``, which
 calls a stage and turns its errors into Airflow's outcomes the way the CLI turns them into exit
-codes: errors retrying cannot fix fail the task at once, the others are left to Airflow's retries.
+codes: errors retrying cannot fix fail the task at once, the others are left to Airflow's retries;
+and the publish gate's branch and its human-in-the-loop approval (``gate_branch``, ``gate_approval``).
 
 Airflow is imported inside functions only, so the package imports without it (the CLI, readers).
 """
@@ -14,11 +15,13 @@ Airflow is imported inside functions only, so the package imports without it (th
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from . import config, options
@@ -145,8 +148,7 @@ def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kw
             return {"removed": [e["version"] for e in report if e["action"] == "remove"],
                     "kept": len([e for e in report if e["action"] != "remove"])}
         if stage is not stages.discard_stage:  # the lock dies with the staging prefix
-            owner = f"airflow:{context['dag'].dag_id}:{context['run_id']}"
-            locking.hold(storage, cfg.staging_uri, owner, locking.DAG_LEASE_SECONDS)
+            locking.hold(storage, cfg.staging_uri, _lock_owner(context), locking.DAG_LEASE_SECONDS)
         return stage(cfg, storage, **kwargs)
     except LockHeld as exc:
         raise AirflowFailException(f"version {run_version(context)} is being built by another run: {exc}") from exc
@@ -163,3 +165,74 @@ def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kw
     except ImportError as exc:  # a deployment that lacks a package: say what to install, never retry
         raise AirflowFailException(f"{exc}: install the image-tfrecords package with its Airflow extras "
                                    "(pip install 'image-tfrecords[airflow]') where the tasks run") from exc
+
+
+APPROVE, REJECT = "Approve", "Reject"  # the options a person sees when the publish gate trips
+GATE_XCOM = "gate"  # the gate task's XCom key: the approval's subject and body (small: the report's shown lines)
+
+
+def gate_branch(context: Mapping[str, Any], result: Mapping[str, Any], publish: str, ask: str) -> str:
+    """The task after the gate: ``publish`` when it passed (or was accepted), ``ask`` (the approval task) when
+    it tripped and the ``approval`` param is set; otherwise the gate task fails, its report in the log."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from .rules.publish_gate import TRIPPED
+
+    report = "\n".join(result["report"])
+    if result["verdict"] != TRIPPED:
+        return publish
+    version = run_version(context)
+    if not context["params"].get("approval"):  # the run ends here: a run with accept_gate may take the staging
+        from .published import locking
+
+        locking.release(airflow_storage(), build_config(context).staging_uri, _lock_owner(context))
+        raise AirflowFailException(f"{result['report'][0]}: nothing was published (set the approval param to ask a "
+                                   f"person, or accept_gate to publish anyway)\n{report}")
+    dataset = context["params"]["dataset"]
+    context["ti"].xcom_push(key=GATE_XCOM, value={
+        "subject": f"Publish {dataset} version {version}? Its publish gate tripped",
+        "body": (f"The build of **{dataset}** version **{version}** differs from the previous published version "
+                 f"more than the gate's thresholds allow.\n\n**{APPROVE}** publishes it (its manifest records who "
+                 f"approved); **{REJECT}** discards it: nothing is published.\n\n```\n{report}\n```")})
+    log.info("publish gate tripped: waiting for a person to approve or reject version %s", version)
+    return ask
+
+
+def _lock_owner(context: Mapping[str, Any]) -> str:
+    """The owner of the version's lock that a DAG run's tasks hold (``locking``)."""
+    return f"airflow:{context['dag'].dag_id}:{context['run_id']}"
+
+
+def gate_approval(task_id: str, gate_task: str, on_approve: str, on_reject: str, timeout: timedelta) -> Any:
+    """The human-in-the-loop task that asks a person, in the Airflow UI's Required Actions, to approve (run
+    ``on_approve``) or reject (run ``on_reject``) a build whose gate tripped; the subject and body are the
+    ``gate_task``'s. An approval is recorded in the staged manifest (``stages.approve_gate``, with the name of
+    who approved) before ``on_approve`` runs. Unanswered after ``timeout``, it counts as a rejection."""
+    template = "{{{{ ti.xcom_pull(task_ids='{task}', key='{key}')['{field}'] }}}}"
+    return _approval_class()(
+        task_id=task_id, options=[APPROVE, REJECT], defaults=[REJECT], response_timeout=timeout,
+        options_mapping={APPROVE: on_approve, REJECT: on_reject},
+        subject=template.format(task=gate_task, key=GATE_XCOM, field="subject"),
+        body=template.format(task=gate_task, key=GATE_XCOM, field="body"))
+
+
+@functools.cache
+def _approval_class() -> type:
+    """``HITLBranchOperator`` (the standard provider's) that records an approval in the staged manifest."""
+    from airflow.providers.standard.operators.hitl import HITLBranchOperator
+
+    class GateApprovalOperator(HITLBranchOperator):
+        """Approve or reject a build whose publish gate tripped (see ``gate_approval``)."""
+
+        def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+            who = (event.get("responded_by_user") or {}).get("name") or ""
+            chosen = event.get("chosen_options") or []
+            log.info("publish gate: %s answered %s", who or "nobody (timed out)", ", ".join(chosen))
+            if chosen == [APPROVE]:  # before branching: if it fails, the retry asks again and nothing is skipped
+                from . import stages
+
+                run_stage(stages.approve_gate, by=who)
+            return super().execute_complete(context, event)
+
+    GateApprovalOperator.__module__ = __name__
+    return GateApprovalOperator

@@ -5,7 +5,9 @@
     image-tfrecords sample OUT [--per-class N]
 
 S3 credentials and endpoint come from boto3's standard environment (AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). User errors print one line and exit non-zero.
+AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). User errors print one line and exit non-zero. When the publish
+gate trips (and ``--accept-gate`` is not given), the gate's report goes to stdout, one line to stderr, and
+the exit status is 3 (``GATE_TRIPPED``): nothing is published and the staging is kept.
 
 SIGTERM and SIGINT (Ctrl-C) stop the build: worker processes are stopped (they also die with
 the parent if it is killed outright), temporary files are removed, and one line says what was left
@@ -29,7 +31,7 @@ from typing import Any
 
 from . import stages
 from .config import BuildConfig, ConfigError, check_location, parse_columns, parse_splits
-from .errors import BuildError, ImageTfrecordsError, LockHeld
+from .errors import BuildError, GateTripped, ImageTfrecordsError, LockHeld
 from .options import IMAGES, OPTIONS, Option
 from .parallel import process_pool
 from .published import layout
@@ -40,6 +42,7 @@ from .source.preflight import check_locations, check_temp_dir, os_error_line
 from .storage import Storage, is_s3, join
 
 PROG = "image-tfrecords"
+GATE_TRIPPED = 3  # the exit status when the publish gate trips
 # OSErrors about where the build reads or writes (not bugs): one line, no traceback.
 USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
                          errno.EISDIR, errno.ENAMETOOLONG, errno.ENOENT, errno.EEXIST, errno.EIO})
@@ -181,6 +184,7 @@ def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: 
                  + (f"  ({', '.join(f'{k}: {v}' for k, v in manifest.rejects_by_reason.items())})"
                     if manifest.num_rejected else "") + f"   skipped (not images): {manifest.num_skipped}")
     lines.append("  " + build_line(manifest))
+    lines.append("  " + gate_line(manifest))
     if result.get("stage_seconds"):
         lines.append("  stages: " + ", ".join(f"{name} {t:.2f} s" for name, t in result["stage_seconds"].items()))
     lines.append(f"  {manifest.num_records} records, {manifest.num_bytes / 1e6:.1f} MB in {seconds:.1f} s "
@@ -198,6 +202,19 @@ def build_line(manifest: Manifest) -> str:
     return (f"build: {how}; shards reused {build['shards_reused']}, rewritten {build['shards_rewritten']}, "
             f"written {build['shards_written']}; files inspected {build['files_inspected']} "
             f"(reused {build['inspections_reused']}); {build['source_bytes_read'] / 1e6:.1f} MB read from the source")
+
+
+def gate_line(manifest: Manifest) -> str:
+    """One line on the publish gate's verdict (the manifest's ``build.gate``)."""
+    gate = manifest.build.get("gate")
+    if not gate:
+        return "publish gate: (not recorded)"
+    verdict, previous, tripped = gate.get("verdict", "?"), gate.get("previous_version"), gate.get("tripped") or []
+    if verdict == "off" or not previous:
+        return f"publish gate: {verdict}" + ("" if previous or verdict == "off" else " (no previous version)")
+    what = f"tripped {', '.join(tripped)}" if tripped else "nothing tripped"
+    who = f" by {gate['approved_by']}" if gate.get("approved_by") else ""
+    return f"publish gate: {verdict}{who} ({gate.get('checks_run', 0)} checks against {previous}, {what})"
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -293,6 +310,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         left = _left_behind(cfg, storage) if cfg else "nothing was started"
         print(f"interrupted by {exc}: {left}", file=sys.stderr)
         return 128 + exc.signum
+    except GateTripped as exc:
+        print(exc.report)
+        kept = f"; rerun with --version {cfg.version} --accept-gate to publish this build (its shards are reused)" \
+            if cfg else ""
+        print(f"error: {exc}{kept}{_staging_hint(cfg)}", file=sys.stderr)
+        return GATE_TRIPPED
     except LockHeld as exc:
         print(f"error: version {cfg.version if cfg else '?'} is being built by another process; wait for it or pick "
               f"another --version: {exc}", file=sys.stderr)

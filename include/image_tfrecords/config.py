@@ -11,15 +11,17 @@ from datetime import datetime
 from typing import Any
 
 from .errors import ConfigError
+from .images.quality import FLAGS
 from .images.transform import ImageOptions, Resize, check_options, parse_resize
-from .options import DEFAULT_DATASET, DEFAULT_DESTINATION, DEFAULT_SPLITS, checked_by_spec, default
+from .options import DEFAULT_DATASET, DEFAULT_DESTINATION, DEFAULT_SPLITS, GATE_FIELDS, checked_by_spec, default
 from .published.layout import STAGING, is_name
 from .records.columns import TYPES, check_columns, check_separator
 from .storage import is_s3, join
 
 __all__ = ["DEFAULT_DATASET", "DEFAULT_DESTINATION", "DEFAULT_SPLITS", "BuildConfig", "ConfigError", "check_location",
            "check_splits", "parse_columns", "parse_splits"]
-_OUTPUT_NEUTRAL = ("destination", "version", "as_of", "full", "chunk_files", "chunk_mb")
+_OUTPUT_NEUTRAL = ("destination", "version", "as_of", "full", "chunk_files", "chunk_mb",
+                   *GATE_FIELDS)  # the gate decides whether to publish, never what is built
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # used with match: "s3:", "gs:", "http:"
 
 
@@ -99,6 +101,16 @@ def check_splits(splits: Any) -> dict[str, float]:
     return out
 
 
+def _quality_flags(value: Any) -> str:
+    """``quality_reject`` in normal form: known flags, comma-separated, in ``FLAGS`` order."""
+    if not isinstance(value, str):
+        raise ConfigError(f"quality_reject must be a string of comma-separated flags, not {value!r}")
+    wanted = {flag.strip() for flag in value.split(",") if flag.strip()}
+    if unknown := sorted(wanted - set(FLAGS)):
+        raise ConfigError(f"quality_reject: unknown flag {', '.join(unknown)} (known: {', '.join(FLAGS)})")
+    return ",".join(flag for flag in FLAGS if flag in wanted)
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """Everything that decides what one build produces, and where."""
@@ -134,12 +146,21 @@ class BuildConfig:
     columns: dict[str, str] = field(default_factory=lambda: default("columns"))
     label_separator: str = default("label_separator")
     modern_formats: bool = default("modern_formats")  # HEIC/HEIF, AVIF, JPEG XL: decoded, or skipped and rejected
+    quality_reject: str = default("quality_reject")  # comma-separated quality flags that reject an image
+    # the publish gate (``rules.publish_gate``): on, its thresholds, and publishing despite a tripped gate
+    gate: bool = default("gate")
+    gate_reject_share: float = default("gate_reject_share")
+    gate_class_share: float = default("gate_class_share")
+    gate_quality_share: float = default("gate_quality_share")
+    gate_near_duplicates_across_labels: int = default("gate_near_duplicates_across_labels")
+    accept_gate: bool = default("accept_gate")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "resize", str(parse_resize(self.resize)))
         check_options(self.image_options)
         object.__setattr__(self, "columns", check_columns(self.columns))
         check_separator(self.label_separator)
+        object.__setattr__(self, "quality_reject", _quality_flags(self.quality_reject))
         if self.group_column in ("filename", "label", "labels"):
             raise ConfigError(f"group_column must name another labels.csv column than {self.group_column}: a "
                               "patient, camera or source document whose images go to one split")
@@ -181,8 +202,9 @@ class BuildConfig:
     def fingerprint_params(self) -> dict[str, Any]:
         """The settings that decide a build's content (not where it goes or what it is called)."""
         params = {k: v for k, v in asdict(self).items() if k not in _OUTPUT_NEUTRAL}
-        if not params["group_column"]:  # unset: the fingerprint of a version from before the option
-            del params["group_column"]
+        for name in ("group_column", "quality_reject"):  # unset: the fingerprint of a version from before them
+            if not params[name]:
+                del params[name]
         return params
 
     @property

@@ -26,6 +26,15 @@ class BuildError(ImageTfrecordsError):
     """The build cannot go on with this input (no images, a failed check, a changed source)."""
 
 
+class GateTripped(BuildError):
+    """The publish gate tripped (``rules.publish_gate``) and nobody accepted it: nothing is published.
+    ``report``: the gate's report, several lines; the message is one."""
+
+    def __init__(self, message: str, report: str = "") -> None:
+        super().__init__(message)
+        self.report = report
+
+
 class StorageError(ImageTfrecordsError):
     """A store operation failed for a reason retrying will not fix (missing bucket, credentials)."""
 

@@ -31,6 +31,7 @@ RESIZE_PATTERN = r"^(none|(longest|shortest):[0-9]+|[0-9]+x[0-9]+)$"
 
 INPUT, OUTPUT, SPLITS, BUILD, BAD_INPUT, IMAGES = ("Input", "Output", "Splits", "Build", "Bad input",
                                                    "Images and features")
+GATE = "Publish gate"
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_reject_fraction", "number", 0.2, "Max reject share",
            "Fail before publishing if more than this share of the files is rejected (corrupt, duplicate, "
            "unsupported...).", BUILD, minimum=0, maximum=1),
+    Option("quality_reject", "string", "", "Reject images flagged",
+           "Image-quality flags that reject an image (reason low_quality), comma-separated, from dark, bright, flat, "
+           "blurry, grey_as_colour, tiny, odd_aspect; empty (default): flags are only reported (labels.csv "
+           "quality column, the card).", BAD_INPUT, max_length=200),
     Option("max_file_mb", "number", 256.0, "Max file size (MB)",
            "Files larger than this are rejected (too_large) without being read.", BAD_INPUT,
            minimum=0, exclusive_minimum=True, maximum=1_000_000),
@@ -209,6 +214,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("modern_formats", "boolean", True, "HEIC, AVIF and JPEG XL",
            "Decode HEIC/HEIF, AVIF and JPEG XL photos (stored as lossless PNG or the chosen encoding); off: their "
            "files are skipped and counted.", INPUT, flag="--no-modern-formats"),
+    Option("gate", "boolean", False, "Publish gate",
+           "Before publishing, compare the build with the previous published version (reject share, class shares, "
+           "quality-flag shares, near-duplicates across labels) and stop if one moved more than its threshold "
+           "(default: off, publish without comparing).", GATE),
+    Option("gate_reject_share", "number", 0.05, "Gate: reject share rise",
+           "The gate trips when the share of files rejected rises by more than this (absolute: 0.05 is 5 points); "
+           "1: never.", GATE, minimum=0, maximum=1),
+    Option("gate_class_share", "number", 0.1, "Gate: class share change",
+           "... when a class's share of the records changes by more than this either way (a new class counts "
+           "from 0, a vanished one to 0); 1: never.", GATE, minimum=0, maximum=1),
+    Option("gate_quality_share", "number", 0.1, "Gate: quality-flag share change",
+           "... when the share of records with an image-quality flag changes by more than this (compared only "
+           "when both versions record the flags); 1: never.", GATE, minimum=0, maximum=1),
+    Option("gate_near_duplicates_across_labels", "integer", 0, "Gate: near-duplicates across labels",
+           "... when near-duplicate groups kept across labels plus near_duplicate_label_conflict rejects rise by "
+           "more than this many (0: any rise).", GATE, minimum=0, maximum=1_000_000_000),
+    Option("accept_gate", "boolean", False, "Accept a tripped gate",
+           "Publish even if the gate trips; the manifest's build.gate records it (verdict accepted).", GATE),
+    Option("approval", "boolean", False, "Ask a person when the gate trips",
+           "When the gate trips, wait for a person to approve (publish) or reject (discard the build) in the "
+           "Airflow UI's Required Actions, instead of failing the run.", GATE, flag=None, config=False),
     Option("as_of", "string", None, "As of",
            "Only files modified at or before this ISO 8601 time (default: all).", INPUT, param=None, nullable=True),
     Option("version", "string", None, "Version (optional)",
@@ -217,6 +243,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_NAME = {option.name: option for option in OPTIONS}
+GATE_FIELDS = tuple(o.name for o in OPTIONS if o.section == GATE and o.config)  # not in the build's fingerprint
 
 
 def default(name: str) -> Any:

@@ -67,9 +67,12 @@ def test_task_graph(dag_info: dict) -> None:
         "discover": [], "source_changed": ["discover"], "plan_inspection": ["source_changed"],
         "inspect_images": ["plan_inspection"], "split": ["inspect_images"], "plan": ["split"], "reuse_shards": ["plan"],
         "write_shards": ["plan"], "validate": ["reuse_shards", "write_shards"], "card": ["validate"],
-        "publish": ["card"], "clean_stale_staging": ["publish"]}
+        "gate": ["card"], "approval": ["gate"], "publish": ["approval", "gate"], "discard_rejected": ["approval"],
+        "clean_stale_staging": ["discard_rejected", "publish"]}
     # validate runs when every shard is reused (write_shards then maps over nothing and is skipped).
     assert tasks["validate"]["trigger_rule"] == "none_failed_min_one_success"
+    # publish runs after the gate passed (the approval is skipped) or after a person approved.
+    assert tasks["publish"]["trigger_rule"] == "none_failed_min_one_success"
     # The cleanup runs whether the run failed or not, and does not decide the run's state.
     assert [k for k, v in tasks.items() if v["is_teardown"]] == ["clean_stale_staging"]
     writer = tasks["write_shards"]
@@ -103,15 +106,16 @@ def test_params_defaults_make_a_valid_build_config(dag_info: dict) -> None:
     for name, param in dag_info["params"].items():
         assert param["schema"].get("title") and param["description"], name
         assert param["schema"].get("section") in ("Input", "Output", "Splits", "Build", "Bad input",
-                                                  "Images and features"), name
+                                                  "Images and features", "Publish gate"), name
     images = {"resize", "fit", "upscale", "encoding", "jpeg_quality", "channels", "columns", "label_separator"}
     assert {n for n, p in dag_info["params"].items() if p["schema"].get("section") == "Images and features"} == images
     assert (params["resize"], params["encoding"], params["channels"], params["columns"]) == ("none", "original", 0, {})
     assert (params["max_file_mb"], params["max_pixels"]) == (256, 89_478_485)
     assert (params["chunk_files"], params["chunk_mb"]) == (2000, 1000.0)
-    cfg = BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force", "full_rebuild")},
+    cfg = BuildConfig(**{k: v for k, v in params.items() if k not in ("version", "force", "full_rebuild", "approval")},
                       version="20261101T020000Z", full=params["full_rebuild"])
     assert cfg.full is False  # incremental by default
+    assert (params["gate"], params["accept_gate"], params["approval"]) == (False, False, False)  # the gate: opt-in
 
 
 @pytest.mark.parametrize("dag_file", ["image_tfrecords_dag.py", "image_tfrecords_consumer.py"])

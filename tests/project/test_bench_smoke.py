@@ -34,8 +34,9 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert sorted(data["scale"]) == ["30", "60"]
     for report in data["scale"].values():
         assert list(report["stages"]) == ["discover", "source_changed", "plan_inspection", "inspect_images", "split",
-                                          "plan", "reuse_shards", "write_shards", "validate", "card", "publish",
-                                          "clean_stale_staging"]  # the DAG's tasks, from the DAG
+                                          "plan", "reuse_shards", "write_shards", "validate", "card", "gate",
+                                          "publish", "clean_stale_staging"]  # the DAG's tasks, from the DAG
+        # (approval and discard_rejected: the branches the gate, off by default, does not take)
         assert report["mapped_tasks"] >= 1 and report["shards"] >= report["mapped_tasks"]
         assert report["mapped"]["inspect_images"] >= 1
     scaling = data["scaling"]  # the CLI at 1 and 2 workers (this machine's cores), with its stage times

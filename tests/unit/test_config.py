@@ -123,7 +123,11 @@ def test_to_dict_round_trips() -> None:
                              "chunk_files": 2000, "chunk_mb": 1000.0, "resize": "none", "fit": "crop",
                              "upscale": False, "encoding": "original", "jpeg_quality": 95, "channels": 0,
                              "columns": {}, "label_separator": "|", "modern_formats": True,
-                             "near_duplicate_bits": 0, "near_duplicate_labels": "reject", "group_column": ""}
+                             "near_duplicate_bits": 0, "near_duplicate_labels": "reject", "group_column": "",
+                             "quality_reject": "",
+                             "gate": False, "gate_reject_share": 0.05, "gate_class_share": 0.1,
+                             "gate_quality_share": 0.1, "gate_near_duplicates_across_labels": 0,
+                             "accept_gate": False}
     assert BuildConfig(**cfg.to_dict()) == cfg
 
 
@@ -131,6 +135,14 @@ def test_an_unset_group_column_leaves_the_fingerprint_as_before_the_option() -> 
     """Versions published before ``group_column`` existed are still ``unchanged`` when nothing changed."""
     assert "group_column" not in _config().fingerprint_params
     assert _config(group_column="patient").fingerprint_params["group_column"] == "patient"
+
+
+def test_the_publish_gate_options_are_not_part_of_the_fingerprint() -> None:
+    """The gate decides whether a build is published, never what it holds: changing it must not rebuild."""
+    gated = _config(gate=True, gate_class_share=0.5, gate_near_duplicates_across_labels=3, accept_gate=True)
+    assert gated.fingerprint_params == _config().fingerprint_params
+    with pytest.raises(ConfigError, match=r"gate_reject_share must be a number in \[0, 1\], not -0.1"):
+        _config(gate_reject_share=-0.1)
 
 
 def test_full_is_a_bool_and_not_part_of_the_fingerprint() -> None:

@@ -89,9 +89,12 @@ def test_facts_match_tensorflow(tf: Any, name: str) -> None:
         encoded_sha256=hashlib.sha256(data).hexdigest(),
         encoded_bytes=len(data),
         phash=facts.phash,
+        **{name: getattr(facts, name) for name in ("brightness", "contrast", "sharpness", "colourfulness",
+                                                   "quality")},
     )
     assert (facts.width, facts.height) == SIZE
     assert len(facts.phash) == 16 and int(facts.phash, 16) < 1 << 63  # the perceptual hash of what it decoded
+    assert 0 <= float(facts.brightness) <= 255 and float(facts.contrast) >= 0  # the signals of what it decoded
 
 
 def test_expected_channels_per_mode() -> None:

@@ -21,6 +21,7 @@ from ..images.transform import ImageOptions
 from ..published.manifest import Manifest, as_manifest
 from ..records.schema import ordered_splits
 from . import plot, render
+from .quality import QualityScan, quality_blocks
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
 from .stats import (
     EXAMPLES,
@@ -228,6 +229,9 @@ class Card:
         if rows:
             self.blocks.append(Table(("id", "class", "samples"), rows))
 
+    def quality(self, scan: QualityScan, fetch_image: Callable[[dict[str, str]], bytes | None]) -> None:
+        self.blocks += quality_blocks(scan, self.m.num_records, fetch_image, self._png)
+
     def rejects(self, counts: Counter[str], examples: list[tuple[str, str, str]]) -> None:
         self.blocks.append(Heading("Rejects"))
         if not counts:
@@ -383,8 +387,9 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     old_separator = separator_of(old_manifest) if old_manifest is not None else None
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
     few = len(manifest.classes) <= PAIR_CLASSES
+    quality = QualityScan(SAMPLE_CLASSES)
     scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
-                        pairs=separator is not None and few, labelsets=relabels)
+                        pairs=separator is not None and few, labelsets=relabels, quality=quality)
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
         scan.count_pairs(labels(), separator, PAIR_CLASSES)
     card = Card(manifest, split_names(manifest), scan)
@@ -394,6 +399,7 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
         card.label_sets()
         card.cooccurrence()
     card.samples(picker, fetch_image)
+    card.quality(quality, fetch_image)
     card.rejects(*scan_rejects(rejects()))
     card.shards()
     if previous is None or old_manifest is None:

@@ -59,6 +59,7 @@ from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_probl
 from .jpeg_markers import jpeg_for_pillow
 from .perceptual import perceptual_hash
 from .png_stream import check_png_stream
+from .quality import Quality, measure
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
 _JPEG_CHANNELS = {"L": 1, "RGB": 3}
@@ -86,6 +87,12 @@ class ImageFacts:
     encoded_sha256: str = ""  # of the stored bytes (the source's when stored as is)
     encoded_bytes: int = 0
     phash: str = ""  # perceptual hash of the stored image, upright (``perceptual``): finds near-duplicates
+    # image-quality signals and flags (``quality``), from the same thumbnail; "" where not measured
+    brightness: str = ""
+    contrast: str = ""
+    sharpness: str = ""
+    colourfulness: str = ""
+    quality: str = ""
 
 
 # ISO-BMFF ``ftyp`` brands (ISO/IEC 23008-12, AV1 Image File Format): coding brands, then the generic
@@ -322,28 +329,35 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
     if not channels:
         raise RejectedImage("unsupported_format", f"{stored_format} in colour mode {image.mode}")
     width, height = size
+    phash, quality = _thumbnail_facts(image, stored_format, width, height, channels)
     facts = ImageFacts(sha, len(data), stored_format, width, height, channels, fmt, transform,
-                       hashlib.sha256(encoded).hexdigest() if transform else sha, len(encoded),
-                       _perceptual_hash(image, stored_format))
+                       hashlib.sha256(encoded).hexdigest() if transform else sha, len(encoded), phash,
+                       **quality)
     return facts, encoded
 
 
 HASHED_PNG_PIXELS = 4_000_000  # larger PNGs get no perceptual hash: decoding one costs 4+ bytes a pixel
 
 
-def _perceptual_hash(image: Any, fmt: str) -> str:
-    """The perceptual hash of the stored image (upright: one that is not was transcoded): from the 1/8-scale
-    decode of a JPEG, the decoded pixels of other formats; a PNG, checked without its pixels, is decoded
-    here when it has at most ``HASHED_PNG_PIXELS``. ``""`` (no near-duplicate search for it) for a larger
-    PNG, or when Pillow cannot make it grey: the image itself passed its checks, so it is kept."""
+def _thumbnail_facts(image: Any, fmt: str, width: int, height: int, channels: int) -> tuple[str, dict[str, str]]:
+    """The perceptual hash and the quality columns of the stored image (upright: one that is not was
+    transcoded): from the 1/8-scale decode of a JPEG, the decoded pixels of other formats; a PNG, checked
+    without its pixels, is decoded here when it has at most ``HASHED_PNG_PIXELS``. ``""`` (no near-duplicate
+    search, no signals) for a larger PNG, or when Pillow cannot convert it: the image itself passed its
+    checks, so it is kept."""
+    unmeasured = Quality().columns()
     if fmt == "png" and image.width * image.height > HASHED_PNG_PIXELS:
-        return ""  # decoding it would cost what the row-by-row check avoided
+        return "", unmeasured  # decoding it would cost what the row-by-row check avoided
     try:
         if fmt == "png":
             image.load()
-        return perceptual_hash(image)
+        phash = perceptual_hash(image)
     except Exception:
-        return ""
+        return "", unmeasured
+    try:
+        return phash, measure(image, width, height, channels).columns()
+    except Exception:
+        return phash, unmeasured
 
 
 def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:

@@ -30,7 +30,8 @@ FEATURES: dict[str, str] = {
 
 # A record's row: what its tf.train.Example holds (and how its image was taken from the file).
 RECORD_FIELDS = ("filename", "label", "label_id", "split", "sha256", "width", "height", "channels", "format",
-                 "num_bytes", "source_format", "transform", "encoded_sha256", "encoded_bytes")
+                 "num_bytes", "source_format", "transform", "encoded_sha256", "encoded_bytes",
+                 "brightness", "contrast", "sharpness", "colourfulness", "quality")
 # labels.csv: each record's row, the shard file that holds it and its place there (0-based: the line of the
 # shard's .tfindex that gives its bytes)
 LABELS_FIELDS = (*RECORD_FIELDS, "shard", "shard_position")

@@ -36,14 +36,15 @@ from ..storage.documents import raw_rows, read_rows
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
 INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",
-                     "source_format", "transform", "encoded_sha256", "encoded_bytes", "phash", "reason", "detail")
+                     "source_format", "transform", "encoded_sha256", "encoded_bytes", "phash", "brightness",
+                     "contrast", "sharpness", "colourfulness", "quality", "reason", "detail")
 # Rejects that say nothing of a file's content (it could not be read, or was swapped while listed):
 # such a file is read again the next night even when its name, size and stamp are unchanged.
 RETRIED_REASONS = ("unreadable", "not_a_regular_file")
 COMPACTION_FACTOR = 1.5  # more shards than this times a full build's count: the build is a full rebuild
 # The release whose inspection rules this one keeps: inspected.csv rows of a version inspected by it are
 # taken over. Bump it (to the package version) when inspection concludes otherwise for some file.
-INSPECTOR = "0.6.0"  # 0.6.0: rows carry the perceptual hash (phash)
+INSPECTOR = "0.7.0"  # 0.6.0: rows carry the perceptual hash (phash); 0.7.0: the quality signals and flags
 FULL_REBUILD = "rebuild in full (--full on the command line, full_rebuild in the DAG)"  # when a base is damaged
 
 

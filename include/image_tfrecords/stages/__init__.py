@@ -2,7 +2,10 @@
 
     discover -> inspect (plan_inspection, inspect_chunk per chunk, gather_inspection) -> split -> plan
              -> reuse (copy the previous version's kept shards)
-             -> write (one per shard: write, then check) -> validate -> card -> publish
+             -> write (one per shard: write, then check) -> validate -> card -> gate -> publish
+
+``gate`` compares the build with the previous published version (``rules.publish_gate``); when it trips and
+nobody accepted it, ``run_pipeline`` raises ``GateTripped`` and the DAG fails or asks a person.
 
 Each stage is a function ``(cfg, storage, ...) -> small dict`` in a module of its own. It reads
 its inputs from the build's staging prefix in the store and writes its outputs there (see
@@ -25,7 +28,8 @@ from functools import partial
 from typing import Any
 
 from ..config import BuildConfig
-from ..errors import BuildError
+from ..errors import BuildError, GateTripped
+from ..rules.publish_gate import TRIPPED
 from ..shards.checks import validate_shard
 from ..shards.writer import write_shard
 from ..staging import (
@@ -46,6 +50,7 @@ from ..staging import (
 from ..storage import Storage, is_s3
 from .card import card_stage
 from .discover import discard_stage, discover_stage
+from .gate import approve_gate, gate_stage
 from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
 from .plan import all_shards, plan_stage, task_shards
 from .publish import publish_stage
@@ -68,11 +73,14 @@ __all__ = [
     "REJECTS",
     "TMP_PREFIX",
     "BuildError",
+    "GateTripped",
     "Stage",
+    "approve_gate",
     "card_stage",
     "chunk_label",
     "discard_stage",
     "discover_stage",
+    "gate_stage",
     "gather_inspection",
     "inspect_chunk",
     "inspect_chunks",
@@ -117,6 +125,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("write", write_and_check, per_shard=True),
     Stage("validate", validate_stage),
     Stage("card", card_stage),
+    Stage("gate", gate_stage),
     Stage("publish", publish_stage),
 )
 
@@ -137,8 +146,10 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     When the source listing and params are those of the previous published version, nothing is
     built (the staging is dropped) unless ``force`` or ``cfg.full``: returns ``{"unchanged_since": VERSION, ...}``.
     ``progress(stage, total)`` gives a callback counting images done; ``before_publish`` may raise to
-    stop the build before anything is published (the CLI checks it still holds its lock). The result
-    (publish's) also gives ``stage_seconds``.
+    stop the build before anything is published (the CLI checks it still holds its lock). When the publish
+    gate trips (and ``cfg.accept_gate`` is off), raises ``GateTripped`` with its report: nothing is published,
+    the staging is kept (a rerun of the version with ``accept_gate`` reuses its finished shards). The result
+    (publish's) also gives ``stage_seconds`` and ``gate`` (the verdict).
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
@@ -168,4 +179,7 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
         if stage.run is discover_stage and unchanged and not (force or cfg.full):
             discard_stage(cfg, storage)
             return {"unchanged_since": unchanged, "version": unchanged}
-    return {**results["publish"], "stage_seconds": seconds}
+        if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
+            lines = results["gate"]["report"]
+            raise GateTripped(f"{lines[0]}: nothing was published", "\n".join(lines))
+    return {**results["publish"], "stage_seconds": seconds, "gate": results["gate"]["verdict"]}

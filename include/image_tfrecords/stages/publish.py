@@ -1,4 +1,4 @@
-"""Stage 8: publish the validated build atomically: files, then ``_SUCCESS``, then ``latest.json``."""
+"""Stage 9: publish the validated build atomically: files, then ``_SUCCESS``, then ``latest.json``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import hashlib
 from typing import Any
 
 from ..config import BuildConfig
-from ..errors import BuildError
+from ..errors import BuildError, GateTripped
 from ..parallel import ordered_map
 from ..progress import ProgressLog, log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..records.tfds_metadata import tfds_metadata_files
+from ..rules.publish_gate import TRIPPED
 from ..staging import (
     CARD,
     CARD_INDEX,
@@ -51,6 +52,9 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
         _remove_strays(storage, final, _published_names(final, _copies(cfg, storage, manifest), manifest))
         return _finish(cfg, storage, manifest, already=True)
     manifest = Manifest.parse(read_json(storage, staged_manifest), staged_manifest)
+    if (manifest.build.get("gate") or {}).get("verdict") == TRIPPED:
+        raise GateTripped(f"version {cfg.version}: the publish gate tripped and nobody approved or accepted it; "
+                          "nothing was published")
     copies = _copies(cfg, storage, manifest)
     with ProgressLog(f"publish {cfg.version}", len(copies), "files") as done:  # nothing is visible until _SUCCESS
         for _ in ordered_map(lambda copy: storage.copy(*copy), copies, threads):

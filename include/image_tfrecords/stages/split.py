@@ -10,6 +10,7 @@ from typing import Any
 
 from ..config import BuildConfig
 from ..errors import BuildError
+from ..images.quality import FLAGS, parse_flags
 from ..images.transform import planned_bytes, planned_facts, too_big
 from ..progress import log, summarized
 from ..published import layout
@@ -77,6 +78,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     reasons: Counter[str] = Counter()
     opts = cfg.image_options
     fields = record_fields(cfg)
+    reject_flags = set(cfg.quality_reject.split(",")) - {""}
+    flagged: Counter[str] = Counter()  # quality flag -> records stored with it
     with RowWriter(storage, staged(cfg, RECORDS), fields) as labels, \
             RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects, \
             RowWriter(storage, staged(cfg, NEAR_DUPLICATES), NEAR_DUPLICATES_FIELDS) as near, \
@@ -95,12 +98,18 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             facts = [fields.index(f) for f in ("width", "height", "channels", "format", "transform",
                                                 "encoded_sha256", "encoded_bytes")]
             width, height, channels, fmt, _, _, size = facts
+            quality = col["quality"]
             meta = iter(metadata.reader)
             for number, values in enumerate(rows.reader):
                 verdict = resolver.verdict(values[name], values[sha]) or placement.rejected.get(number)
                 if verdict:
                     rejects.write({"filename": values[name], "reason": verdict[0], "detail": verdict[1]})
                     reasons[verdict[0]] += 1
+                    continue
+                if reject_flags and values[quality] and (hit := [f for f in parse_flags(values[quality])
+                                                                 if f in reject_flags]):
+                    rejects.write({"filename": values[name], "reason": "low_quality", "detail": ", ".join(hit)})
+                    reasons["low_quality"] += 1
                     continue
                 before = published.get(values[sha])
                 split = placement.split.get(number) or (before[0] if before else "") or assign_split(
@@ -122,6 +131,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 if cfg.columns:
                     record[len(fields) - len(cfg.columns):] = _metadata_of(values[name], meta)
                 labels.write_values(record)
+                if values[quality]:
+                    flagged.update(values[quality].split("|"))
                 if group := placement.group.get(number) or (before[1] if before else ""):
                     near.write_values([values[name], values[label], split, group, values[sha]])
                 per_split[split]["records"] += 1
@@ -132,6 +143,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                "num_records": labels.count, "num_rejected": rejects.count, "num_skipped": found["skipped"],
                "skipped_by_kind": found.get("skipped_by_kind", {}),
                "rejects_by_reason": dict(sorted(reasons.items())),
+               "quality_flags": {flag: flagged[flag] for flag in FLAGS if flagged[flag]},
                "near_duplicates": {"bits": cfg.near_duplicate_bits, "groups_found": placement.groups,
                                    "records_in_groups": near.count, "kept_across_labels": placement.kept_across_labels},
                "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}

@@ -151,14 +151,15 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "labels_sha256": storage.sha256_of(staged(cfg, LABELS)),  # the next night trusts its places only so
         "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked,
                               read_json(storage, staged(cfg, DISCOVER_SUMMARY)).get("damaged_versions", []))
-        | {"near_duplicates": summary.get("near_duplicates", {})},
+        | {"near_duplicates": summary.get("near_duplicates", {}), "quality_flags": summary.get("quality_flags", {})},
         "source": cfg.source, "params": {"splits": cfg.splits, "salt": cfg.salt, "group_column": cfg.group_column,
                                          "shard_size_mb": cfg.shard_size_mb, "max_file_mb": cfg.max_file_mb,
                                          "max_pixels": cfg.max_pixels, **cfg.image_options.describe(),
                                          "columns": dict(cfg.columns), "label_separator": cfg.label_separator,
                                          "modern_formats": cfg.modern_formats,
                                          "near_duplicate_bits": cfg.near_duplicate_bits,
-                                         "near_duplicate_labels": cfg.near_duplicate_labels},
+                                         "near_duplicate_labels": cfg.near_duplicate_labels,
+                                         "quality_reject": cfg.quality_reject},
     }
     written = Manifest.parse(manifest, staged(cfg, MANIFEST))  # what every reader will parse, checked here
     write_json(storage, staged(cfg, MANIFEST), written.to_json())

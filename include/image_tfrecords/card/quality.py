@@ -1,0 +1,142 @@
+"""The card's image-quality section: per-class means of the quality signals, flag shares, classes
+that differ from the rest (a shortcut a model will learn), and thumbnails of the worst images.
+
+Fed one labels.csv row at a time during the card's one pass (``LabelScan.of``); memory is bounded by
+the number of classes shown plus ``WORST`` rows per flag."""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..images.quality import FLAGS, SIGNALS, parse_flags
+from . import render
+from .render import Block, Cell, Heading, Para, Table
+
+WORST = 4  # thumbnails shown per flag
+MIN_RECORDS = 10  # a class with fewer measured records is not compared with the others
+# A class is called skewed when it differs from all the other classes together by more than this
+SKEW = {"brightness": 30.0, "colourfulness": 25.0, "pixels": 2.0, "flag_share": 0.25}
+# how bad a flagged image is, for choosing the worst (smaller is worse)
+_BADNESS: dict[str, Callable[[dict[str, float]], float]] = {
+    "dark": lambda s: s["brightness"], "bright": lambda s: -s["brightness"], "flat": lambda s: s["contrast"],
+    "blurry": lambda s: s["sharpness"], "grey_as_colour": lambda s: s["colourfulness"],
+    "tiny": lambda s: min(s["width"], s["height"]),
+    "odd_aspect": lambda s: -max(s["width"], s["height"]) / max(1.0, min(s["width"], s["height"])),
+}
+
+
+@dataclass
+class ClassQuality:
+    """Sums over one class's measured records."""
+
+    records: int = 0
+    sums: Counter[str] = field(default_factory=Counter)  # signal (and "pixels") -> sum
+    flags: Counter[str] = field(default_factory=Counter)
+
+    def mean(self, name: str) -> float:
+        return self.sums[name] / self.records if self.records else 0.0
+
+
+@dataclass
+class QualityScan:
+    """The quality columns of a labels.csv, summed per class (ids below ``max_classes``)."""
+
+    max_classes: int = 100
+    classes: dict[int, tuple[str, ClassQuality]] = field(default_factory=dict)
+    unmeasured: int = 0
+    flags: Counter[str] = field(default_factory=Counter)
+    worst: dict[str, list[tuple[float, str, dict[str, str]]]] = field(default_factory=dict)  # max-heaps
+
+    def offer(self, row: dict[str, str], classes: list[tuple[int, str]]) -> None:
+        """Count one record (a multi-label record counts for each of its classes)."""
+        try:
+            signals = {name: float(row[name]) for name in SIGNALS}
+            signals["width"], signals["height"] = float(row["width"]), float(row["height"])
+        except (KeyError, ValueError):  # a version from before 0.7.0, or an image that was not measured
+            self.unmeasured += 1
+            return
+        flags = parse_flags(row.get("quality", ""))
+        self.flags.update(flags)
+        for cid, name in classes:
+            if cid >= self.max_classes:
+                continue
+            stats = self.classes.setdefault(cid, (name, ClassQuality()))[1]
+            stats.records += 1
+            stats.sums.update({**{s: signals[s] for s in SIGNALS}, "pixels": signals["width"] * signals["height"]})
+            stats.flags.update(flags)
+        for flag in flags:
+            heap = self.worst.setdefault(flag, [])
+            item = (-_BADNESS[flag](signals), row["sha256"], row)  # a max-heap of badness's negation
+            if len(heap) < WORST:
+                heapq.heappush(heap, item)
+            elif item[:2] > heap[0][:2]:
+                heapq.heapreplace(heap, item)
+
+    def skews(self) -> list[str]:
+        """One sentence per class that differs from the other classes together (see ``SKEW``)."""
+        total = ClassQuality()
+        for _, stats in self.classes.values():
+            total.records += stats.records
+            total.sums.update(stats.sums)
+            total.flags.update(stats.flags)
+        out = []
+        for cid, (name, stats) in sorted(self.classes.items()):
+            rest = ClassQuality(total.records - stats.records, total.sums - stats.sums, total.flags - stats.flags)
+            if stats.records < MIN_RECORDS or rest.records < MIN_RECORDS:
+                continue
+            said = []
+            for signal in ("brightness", "colourfulness"):
+                if abs(stats.mean(signal) - rest.mean(signal)) > SKEW[signal]:
+                    said.append(f"{signal} {stats.mean(signal):.0f} vs {rest.mean(signal):.0f}")
+            ratio = stats.mean("pixels") / max(1.0, rest.mean("pixels"))
+            if ratio > SKEW["pixels"] or ratio < 1 / SKEW["pixels"]:
+                said.append(f"{ratio:.1f}x the pixels")
+            for flag in FLAGS:
+                mine, theirs = stats.flags[flag] / stats.records, rest.flags[flag] / rest.records
+                if mine - theirs > SKEW["flag_share"]:
+                    said.append(f"{mine:.0%} {flag} vs {theirs:.0%}")
+            if said:
+                out.append(f"{cid} {name}: " + "; ".join(said))
+        return out
+
+
+def quality_blocks(scan: QualityScan, records: int, fetch_image: Callable[[dict[str, str]], bytes | None],
+                   png: Callable[[str, bytes, str], Cell]) -> list[Block]:
+    """The card's blocks for ``scan`` (of ``records`` records); ``png(path, data, alt)`` adds an image."""
+    blocks: list[Block] = [Heading("Image quality")]
+    if not scan.classes:
+        return [*blocks, Para("No quality signals were recorded for this version (built before 0.7.0, or no "
+                              "image could be measured).")]
+    measured = records - scan.unmeasured
+    blocks.append(Para(
+        f"Signals from each image's thumbnail ({measured:,} of {records:,} records measured): brightness "
+        "(mean grey, 0-255), contrast (its standard deviation), sharpness (fine detail over contrast), colour "
+        "(mean max-min of R, G, B; 0 is grey); flags as in docs/quality.md. Per class, means and the share "
+        "of records with each flag."))
+    rows: list[tuple[Cell, ...]] = []
+    for cid, (name, stats) in sorted(scan.classes.items()):
+        shares = ", ".join(f"{flag} {stats.flags[flag] / stats.records:.0%}" for flag in FLAGS if stats.flags[flag])
+        rows.append((cid, name, stats.records, f"{stats.mean('brightness'):.0f}", f"{stats.mean('contrast'):.0f}",
+                     f"{stats.mean('sharpness'):.2f}", f"{stats.mean('colourfulness'):.0f}",
+                     f"{stats.mean('pixels') / 1e6:.2f}", shares or "none"))
+    blocks.append(Table(("id", "class", "records", "brightness", "contrast", "sharpness", "colour", "MP", "flags"),
+                        rows))
+    skews = scan.skews()
+    blocks.append(Para("Classes that differ from the others (a shortcut a model can learn instead of the "
+                       "label): " + ("; ".join(skews) if skews else "none found") + "."))
+    if scan.flags:
+        worst: list[tuple[Cell, ...]] = []
+        for flag in FLAGS:
+            if not scan.flags[flag]:
+                continue
+            thumbs = [thumb for _, _, row in sorted(scan.worst[flag], reverse=True)
+                      if (data := fetch_image(row)) is not None and (thumb := render.thumbnail(data)) is not None]
+            strip = png(f"card/quality/{flag}.png", render.thumbnail_strip(thumbs), f"the most {flag} images") \
+                if thumbs else "no image available"
+            worst.append((flag, scan.flags[flag], f"{scan.flags[flag] / max(1, measured):.1%}", strip))
+        blocks += [Para(f"Flagged records, and the {WORST} worst of each flag."),
+                   Table(("flag", "records", "share", "worst"), worst)]
+    return blocks

@@ -1,0 +1,78 @@
+"""Image-quality signals and flags (``images.quality``) on images made to have them, and the option."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image, ImageFilter
+
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.errors import ConfigError
+from image_tfrecords.images.probe import inspect_image
+from image_tfrecords.images.quality import FLAGS, Quality, measure
+
+
+def noise(width: int = 128, height: int = 96, seed: int = 0, grey: bool = False) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (height, width, 1 if grey else 3), dtype=np.uint8)
+    image = Image.fromarray(pixels[:, :, 0] if grey else pixels)
+    return image.convert("RGB") if grey else image
+
+
+def flags_of(image: Image.Image) -> tuple[str, ...]:
+    return measure(image, image.width, image.height, len(image.getbands())).flags
+
+
+@pytest.mark.parametrize(("image", "expected"), [
+    (noise(), ()),
+    (Image.new("RGB", (128, 96), (5, 5, 5)), ("dark", "flat", "grey_as_colour")),
+    (Image.new("RGB", (128, 96), (250, 250, 250)), ("bright", "flat", "grey_as_colour")),
+    (Image.new("RGB", (128, 96), (200, 40, 40)), ("flat",)),
+    (noise(grey=True), ("grey_as_colour",)),
+    (Image.fromarray(np.uint8(128 + 100 * np.sin(np.arange(128) / 10)[None, :, None] * [[[1, 0.5, -1]]]
+                              * np.ones((96, 1, 1)))), ("blurry",)),  # contrast, colour, no fine detail
+    (noise(20, 20), ("tiny",)),
+    (noise(400, 100), ("odd_aspect",)),
+])
+def test_flags(image: Image.Image, expected: tuple[str, ...]) -> None:
+    assert flags_of(image) == expected
+
+
+def test_a_grey_image_stored_as_grey_is_not_grey_as_colour() -> None:
+    image = noise(grey=True).convert("L")
+    assert measure(image, 128, 96, 1).flags == ()
+    assert measure(image, 128, 96, 1).colourfulness == 0
+
+
+def test_signals_are_scale_free_enough_to_take_from_a_thumbnail() -> None:
+    """A photo-like image and its 1/4 thumbnail give about the same brightness, contrast and colour."""
+    big = noise(512, 384, seed=3).filter(ImageFilter.GaussianBlur(4)).point(lambda v: max(0, min(255, v * 6 - 640)))
+    a, b = measure(big, 512, 384, 3), measure(big.reduce(4), 512, 384, 3)
+    assert abs(a.brightness - b.brightness) < 2 and abs(a.colourfulness - b.colourfulness) < 10
+    assert a.flags == b.flags == ()
+
+
+def test_inspection_records_the_columns() -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (3, 3, 3)).save(buffer, "JPEG", quality=90)
+    facts = inspect_image(buffer.getvalue())
+    assert facts.quality == "dark|flat|grey_as_colour"
+    assert float(facts.brightness) < 10 and float(facts.contrast) < 1
+    assert Quality().columns() == {"brightness": "", "contrast": "", "sharpness": "", "colourfulness": "",
+                                   "quality": ""}
+    assert Quality(1.0, 2.5, 0.1234, 0.0, ("flat",)).columns() == {
+        "brightness": "1", "contrast": "2.5", "sharpness": "0.123", "colourfulness": "0", "quality": "flat"}
+
+
+def test_quality_reject_takes_known_flags_in_normal_form() -> None:
+    def config(value: object) -> BuildConfig:
+        return BuildConfig("/data/in", "/data/out", "d", "v1", quality_reject=value)  # type: ignore[arg-type]
+
+    assert config(" blurry, dark ,dark").quality_reject == "dark,blurry"
+    assert config("").quality_reject == ""
+    assert set(config(",".join(FLAGS)).quality_reject.split(",")) == set(FLAGS)
+    with pytest.raises(ConfigError, match="unknown flag fuzzy"):
+        config("dark,fuzzy")
+    assert "quality_reject" not in config("").fingerprint_params
