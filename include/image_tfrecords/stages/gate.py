@@ -10,7 +10,8 @@ as text) and records the verdict in the staged manifest's ``build.gate``:
 - ``tripped``: something tripped: ``publish_stage`` refuses the build until ``approve_gate`` (a person
   approved it in the Airflow UI) makes it ``approved``, or a rerun with ``accept_gate`` ``accepted``.
 
-The manifest also gets ``build.class_records`` (records per class), which the next version's gate reads.
+With the gate on, the manifest also gets ``build.class_records`` (records per class), which the next
+version's gate reads (a version without them has its labels.csv counted instead).
 Run again on the same inputs, it writes the same bytes.
 """
 
@@ -42,11 +43,12 @@ def gate_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     of checks that tripped and ``report`` (the report's lines, for the command line and the DAG)."""
     uri = staged(cfg, MANIFEST)
     manifest = Manifest.parse(read_json(storage, uri), uri)
-    counts = class_records(storage, staged(cfg, LABELS), manifest.classes,
-                           manifest.separator if manifest.multi_label else None)
+    counts: dict[str, int] | None = None  # with the gate off, no pass over labels.csv: a later gate counts it
     if not cfg.gate:
         verdict, report, lines = OFF, None, ["publish gate: off"]
     else:
+        counts = class_records(storage, staged(cfg, LABELS), manifest.classes,
+                               manifest.separator if manifest.multi_label else None)
         previous = _previous(cfg, storage, manifest.previous_version)
         report = evaluate(Facts.of(manifest, counts), previous, thresholds_of(cfg))
         if previous is None and manifest.previous_version:
@@ -59,7 +61,8 @@ def gate_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     gate = {"verdict": verdict, "thresholds": dataclasses.asdict(thresholds_of(cfg))}
     write_json(storage, staged(cfg, GATE_REPORT),
                gate | (report.to_json(limit=None) if report else {}) | {"report": "\n".join(lines)})
-    _rewrite(storage, uri, manifest, {"class_records": counts, "gate": gate | (report.to_json() if report else {})})
+    _rewrite(storage, uri, manifest, ({"class_records": counts} if counts is not None else {})
+             | {"gate": gate | (report.to_json() if report else {})})
     log.info("%s", "\n".join(lines))
     return {"verdict": verdict, "tripped": len(report.tripped) if report else 0, "report": lines}
 
