@@ -113,6 +113,10 @@ def test_index_lists_published_versions_newest_first(client: TestClient, store: 
     assert "3: circles, squares, triangles" in newest
     for split, info in manifest["splits"].items():
         assert f"{split} {info['num_records']}" in newest
+    checks = newest.split('<td class="checks">', 1)[1].split("</td>", 1)[0]  # what its build checked
+    assert 'class="gate off">gate off<' in checks
+    flags = manifest["build"]["quality_flags"]
+    assert flags and all(f"{flag} {count / 60:.0%}" in checks for flag, count in flags.items())
     assert '<td class="num records">18</td>' in row(html, "v2")
     assert [v for v in versions_shown(html) if 'class="badge latest"' in row(html, v)] == ["v10"]
     assert "latest <code>v10</code>" in html

@@ -574,6 +574,8 @@ def test_card_of_a_real_build(two_builds: tuple[Path, Path], sample_dir: Path) -
         thumbs = [card_render.thumbnail((sample_dir / by_sha[sha]).read_bytes()) for sha in smallest]
         assert out[f"card/samples/class-{cid:05d}.png"] == card_render.thumbnail_strip(thumbs)
     assert "No files were rejected." in md and "This is the first version of the dataset" in md
+    assert "The near-duplicate search is off (near_duplicate_bits 0)" in md
+    assert "## Image quality" in md and not [name for name in out if name.startswith("card/near-duplicates/")]
     assert_self_contained(out)
 
 

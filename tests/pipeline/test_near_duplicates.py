@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,13 @@ def test_variants_grouped_in_one_split_and_distinct_photos_never(corpus, tmp_pat
     manifest, splits = read_version(Storage(), str(version))  # TensorFlow reads every record
     assert sorted(r["image/filename"].decode() for records in splits.values() for r in records) == sorted(labels)
     assert manifest["build"]["near_duplicates"]["groups_found"] >= 0.95 * WITH_VARIANTS
+    card = (version / "card.md").read_text()  # the card shows the largest groups side by side
+    section = card[card.index("## Near-duplicates"):].split("\n## ", 1)[0]
+    assert f"{len(set(groups.values())):,} groups of near-duplicate images ({len(groups):,} records)" in section
+    strips = sorted((version / "card" / "near-duplicates").iterdir())
+    assert len(strips) == 6 and all(path.stat().st_size > 0 for path in strips)
+    largest = max(Counter(groups.values()).values())
+    assert f"| {largest} |" in section
 
 
 def test_nights_keep_published_splits_and_full_agrees(corpus, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ from ..images.transform import ImageOptions
 from ..published.manifest import Manifest, as_manifest
 from ..records.schema import ordered_splits
 from . import plot, render
+from .near_duplicates import NearDuplicateView, near_duplicate_blocks
 from .quality import QualityScan, quality_blocks
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
 from .stats import (
@@ -110,6 +111,10 @@ class Card:
         self.separator = separator_of(manifest)
         self.blocks: list[Block] = []
         self.pngs: dict[str, bytes] = {}
+
+    def add_png(self, path: str, data: bytes, alt: str) -> Img:
+        """Add a PNG under ``path`` and return the image block that shows it."""
+        return self._png(path, data, alt)
 
     def _png(self, path: str, data: bytes, alt: str) -> Img:
         self.pngs[path] = data
@@ -378,7 +383,8 @@ def split_names(manifest: Manifest) -> list[str]:
 def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterable[dict[str, str]]],
                rejects: Callable[[], Iterable[dict[str, str]]],
                previous: PreviousVersion | None,
-               fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "") -> dict[str, bytes]:
+               fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "",
+               near_rows: Callable[[], Iterable[dict[str, str]]] | None = None) -> dict[str, bytes]:
     """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``."""
     picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
     manifest = as_manifest(manifest)
@@ -388,8 +394,9 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
     few = len(manifest.classes) <= PAIR_CLASSES
     quality = QualityScan(SAMPLE_CLASSES)
+    near = NearDuplicateView.of(near_rows() if near_rows is not None else [])
     scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
-                        pairs=separator is not None and few, labelsets=relabels, quality=quality)
+                        pairs=separator is not None and few, labelsets=relabels, watchers=(quality, near))
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
         scan.count_pairs(labels(), separator, PAIR_CLASSES)
     card = Card(manifest, split_names(manifest), scan)
@@ -400,6 +407,8 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
         card.cooccurrence()
     card.samples(picker, fetch_image)
     card.quality(quality, fetch_image)
+    card.blocks += near_duplicate_blocks(near, int(manifest.params.get("near_duplicate_bits") or 0), fetch_image,
+                                         card.add_png)
     card.rejects(*scan_rejects(rejects()))
     card.shards()
     if previous is None or old_manifest is None:

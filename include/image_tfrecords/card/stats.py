@@ -114,10 +114,12 @@ class LabelScan:
     @classmethod
     def of(cls, rows: Iterable[dict[str, str]], picker: SamplePicker | None, hashes: bool,
            separator: str | None = None, pairs: bool = False, labelsets: bool = False,
-           quality: Any = None) -> LabelScan:
+           watchers: Iterable[Any] = ()) -> LabelScan:
         """``separator``: multi-label rows (None: single-label); ``pairs``: count pairs of classes (multi-label);
         ``labelsets``: with ``hashes``, also hash each record's classes (to find relabelled images);
-        ``quality``: a ``card.quality.QualityScan`` offered each row in the same pass."""
+        ``watchers``: objects offered each row and its classes in the same pass (``offer(row, classes)``: the
+        quality and near-duplicate sections)."""
+        watchers = list(watchers)
         scan = cls(hashed_labelsets=hashes and labelsets)
         for row in rows:
             split = row["split"]
@@ -128,8 +130,8 @@ class LabelScan:
                 scan.ids.setdefault(name, cid)
                 if picker is not None:
                     picker.offer(row, cid, name)
-            if quality is not None:
-                quality.offer(row, classes)
+            for watcher in watchers:
+                watcher.offer(row, classes)
             if separator is not None:
                 scan.sizes[len(classes), split] += 1
                 if pairs:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import DamagedFile
 from ..options import DEFAULT_DESTINATION
@@ -69,6 +70,9 @@ class VersionInfo:
     as_of: str | None = None
     error: str | None = None  # the manifest could not be read
     manifest_file: str = MANIFEST  # manifest.json, or dataset_info.json in versions before 0.2.0
+    gate: str = ""  # the publish gate's verdict (0.7.0+: off, passed, accepted, approved); "" when not recorded
+    quality_flags: dict[str, int] = field(default_factory=dict)  # records stored with each quality flag (0.7.0+)
+    near_duplicate_groups: int = 0  # near-duplicate groups found by its build (0.6.0+)
 
 
 @dataclass
@@ -139,10 +143,22 @@ def version_info(storage: Storage, dataset_uri: str, version: str, latest: str |
             version=version, num_records=manifest.num_records, num_rejected=manifest.num_rejected,
             classes=list(manifest.classes), splits=_split_counts(manifest), compression=manifest.compression,
             latest=version == latest, has_card=has_card, as_of=manifest.as_of,
-            manifest_file=where.rsplit("/", 1)[-1])
+            manifest_file=where.rsplit("/", 1)[-1], **_checks(manifest))
     except (FileNotFoundError, ValueError, DamagedFile):
         return VersionInfo(version=version, num_records=0, num_rejected=0, classes=[], splits={}, compression="?",
                            latest=version == latest, has_card=has_card, error=f"{MANIFEST} is missing or invalid")
+
+
+def _checks(manifest: Manifest) -> dict[str, Any]:
+    """What the version's build checked (the gate's verdict, quality flags, near-duplicate groups), from its
+    manifest's ``build``; empty values for a version from before them."""
+    build = manifest.build or {}
+    gate = build.get("gate") if isinstance(build.get("gate"), dict) else {}
+    flags = build.get("quality_flags") if isinstance(build.get("quality_flags"), dict) else {}
+    near = build.get("near_duplicates") if isinstance(build.get("near_duplicates"), dict) else {}
+    return {"gate": str(gate.get("verdict", "")),
+            "quality_flags": {str(k): v for k, v in flags.items() if isinstance(v, int) and v > 0},
+            "near_duplicate_groups": near.get("groups_found", 0) if isinstance(near.get("groups_found"), int) else 0}
 
 
 def _split_counts(manifest: Manifest) -> dict[str, int]:

@@ -14,7 +14,7 @@ from ..progress import log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..source.reading import read_source
-from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, REJECTS, staged
+from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json, read_rows, write_json
 
@@ -50,7 +50,9 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             return None
 
     files = build_card(manifest, _rows(storage, staged(cfg, LABELS)), _rows(storage, staged(cfg, REJECTS)),
-                       previous, fetch_image, labels_sha256=storage.sha256_of(staged(cfg, LABELS)) or "")
+                       previous, fetch_image, labels_sha256=storage.sha256_of(staged(cfg, LABELS)) or "",
+                       near_rows=_rows(storage, staged(cfg, NEAR_DUPLICATES)) if storage.exists(
+                           staged(cfg, NEAR_DUPLICATES)) else None)
     for name in sorted(files):
         storage.write_bytes(staged(cfg, CARD, name), files[name])
     write_json(storage, staged(cfg, CARD_INDEX), sorted(files))

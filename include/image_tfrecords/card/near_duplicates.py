@@ -1,0 +1,69 @@
+"""The card's near-duplicate section: how many groups the build keeps in one split, and the largest of
+them as thumbnails side by side (issue 25; see docs/near-duplicates.md).
+
+``NearDuplicateView.of`` reads near_duplicates.csv once (a count per group), keeps the ``SHOWN`` largest
+groups, and learns their members' labels.csv rows during the card's one pass over labels.csv (``offer``);
+memory: one counter per group plus ``SHOWN`` x ``PER_GROUP`` rows."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from . import render
+from .render import Block, Cell, Heading, Para, Table
+
+SHOWN = 6  # groups shown
+PER_GROUP = 6  # thumbnails per group
+
+
+@dataclass
+class NearDuplicateView:
+    groups: int = 0
+    records: int = 0
+    shown: dict[str, int] = field(default_factory=dict)  # group key -> members, the largest groups
+    members: dict[str, str] = field(default_factory=dict)  # filename -> group, the shown groups' first members
+    rows: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # group -> its members' labels.csv rows
+
+    @classmethod
+    def of(cls, near_rows: Iterable[dict[str, str]]) -> NearDuplicateView:
+        sizes: Counter[str] = Counter()
+        names: dict[str, list[str]] = {}
+        for row in near_rows:
+            sizes[row["near_group"]] += 1
+            names.setdefault(row["near_group"], [])
+            if len(names[row["near_group"]]) < PER_GROUP:
+                names[row["near_group"]].append(row["filename"])
+        shown = dict(sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:SHOWN])
+        members = {name: group for group in shown for name in names[group]}
+        return cls(len(sizes), sum(sizes.values()), shown, members)
+
+    def offer(self, row: dict[str, str], _classes: list[tuple[int, str]]) -> None:
+        """Keep ``row`` if it is a shown group's member (called for every labels.csv row)."""
+        group = self.members.get(row["filename"])
+        if group is not None:
+            self.rows.setdefault(group, []).append(row)
+
+
+def near_duplicate_blocks(view: NearDuplicateView, bits: int, fetch_image: Callable[[dict[str, str]], bytes | None],
+                          png: Callable[[str, bytes, str], Cell]) -> list[Block]:
+    """The card's blocks for ``view`` (a build with ``near_duplicate_bits`` ``bits``)."""
+    blocks: list[Block] = [Heading("Near-duplicates")]
+    if not view.groups:
+        what = "off (near_duplicate_bits 0)" if bits <= 0 else f"on ({bits} bits) and found no group"
+        return [*blocks, Para(f"The near-duplicate search is {what}; identical files are never in two splits.")]
+    blocks.append(Para(f"{view.groups:,} groups of near-duplicate images ({view.records:,} records), each kept in "
+                       f"one split (near_duplicate_bits {bits}; near_duplicates.csv lists them). The "
+                       f"{len(view.shown)} largest, up to {PER_GROUP} images each:"))
+    rows: list[tuple[Cell, ...]] = []
+    for number, (group, size) in enumerate(view.shown.items()):
+        members = sorted(view.rows.get(group, []), key=lambda row: row["filename"])
+        thumbs = [thumb for row in members
+                  if (data := fetch_image(row)) is not None and (thumb := render.thumbnail(data)) is not None]
+        strip = png(f"card/near-duplicates/group-{number:02d}.png", render.thumbnail_strip(thumbs),
+                    f"near-duplicate group {group}") if thumbs else "no image available"
+        rows.append((group, size, ", ".join(sorted({row["split"] for row in members})),
+                     ", ".join(sorted({row["label"] for row in members})), strip))
+    blocks.append(Table(("group", "records", "split", "labels", "images"), rows))
+    return blocks
