@@ -684,6 +684,7 @@ def test_retried_write_task_publishes_what_an_uninterrupted_build_does(tmp_path:
     assert results[rewritten]["rewritten_from"]["version"] == "v1"
     stages.validate_stage(cfg, storage)
     stages.card_stage(cfg, storage)
+    stages.gate_stage(cfg, storage)
     stages.publish_stage(cfg, storage)
     assert not staging.exists()
 
