@@ -208,6 +208,13 @@ class BuildConfig:
         return params
 
     @property
+    def png_pixels(self) -> bool:
+        """Whether inspection decodes a PNG's pixels for its perceptual hash and quality signals: only when a
+        build uses them to decide (the near-duplicate search, a quality reject policy); a PNG is otherwise
+        checked without its pixels, several times faster."""
+        return self.near_duplicate_bits > 0 or bool(self.quality_reject)
+
+    @property
     def max_file_bytes(self) -> int:
         return int(self.max_file_mb * 1_000_000)
 

@@ -76,3 +76,15 @@ def test_quality_reject_takes_known_flags_in_normal_form() -> None:
     with pytest.raises(ConfigError, match="unknown flag fuzzy"):
         config("dark,fuzzy")
     assert "quality_reject" not in config("").fingerprint_params
+
+
+def test_a_png_is_measured_only_when_asked() -> None:
+    """A PNG is checked without decoding its pixels; they are decoded for the hash and signals on request."""
+    buffer = io.BytesIO()
+    noise(64, 48).save(buffer, "PNG")
+    quiet, measured = inspect_image(buffer.getvalue(), png_pixels=False), inspect_image(buffer.getvalue())
+    assert (quiet.phash, quiet.brightness, quiet.quality) == ("", "", "")
+    assert len(measured.phash) == 16 and measured.brightness and measured.quality == ""
+    assert BuildConfig("/in", "/out", "d", "v1").png_pixels is False
+    assert BuildConfig("/in", "/out", "d", "v1", near_duplicate_bits=12).png_pixels is True
+    assert BuildConfig("/in", "/out", "d", "v1", quality_reject="tiny").png_pixels is True

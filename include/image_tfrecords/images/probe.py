@@ -306,8 +306,10 @@ def _transcode(data: bytes, fmt: str, max_pixels: int, decoded: Any = None) -> t
     return "png", "to_png" + ("+exif_rotate" if rotate else ""), _encode(image, "png")
 
 
-def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts, bytes]:
-    """Check ``data`` and return its facts and the bytes a record stores; raise RejectedImage."""
+def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS, png_pixels: bool = True) -> tuple[ImageFacts, bytes]:
+    """Check ``data`` and return its facts and the bytes a record stores; raise RejectedImage. ``png_pixels``
+    False: a PNG stored as it is (checked without decoding its pixels) gets no perceptual hash and no quality
+    signals (decoding it for them costs several times its check)."""
     if not data:
         raise RejectedImage("empty_file")
     fmt = sniff_format(data)
@@ -329,7 +331,8 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
     if not channels:
         raise RejectedImage("unsupported_format", f"{stored_format} in colour mode {image.mode}")
     width, height = size
-    phash, quality = _thumbnail_facts(image, stored_format, width, height, channels)
+    phash, quality = _thumbnail_facts(image, stored_format, width, height, channels,
+                                      png_pixels or stored_format != "png")
     facts = ImageFacts(sha, len(data), stored_format, width, height, channels, fmt, transform,
                        hashlib.sha256(encoded).hexdigest() if transform else sha, len(encoded), phash,
                        **quality)
@@ -339,30 +342,33 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[ImageFacts
 HASHED_PNG_PIXELS = 4_000_000  # larger PNGs get no perceptual hash: decoding one costs 4+ bytes a pixel
 
 
-def _thumbnail_facts(image: Any, fmt: str, width: int, height: int, channels: int) -> tuple[str, dict[str, str]]:
+def _thumbnail_facts(image: Any, fmt: str, width: int, height: int, channels: int,
+                     decode_png: bool = True) -> tuple[str, dict[str, str]]:
     """The perceptual hash and the quality columns of the stored image (upright: one that is not was
     transcoded): from the 1/8-scale decode of a JPEG, the decoded pixels of other formats; a PNG, checked
-    without its pixels, is decoded here when it has at most ``HASHED_PNG_PIXELS``. ``""`` (no near-duplicate
-    search, no signals) for a larger PNG, or when Pillow cannot convert it: the image itself passed its
-    checks, so it is kept."""
+    without its pixels, is decoded here when ``decode_png`` and it has at most ``HASHED_PNG_PIXELS``. ``""``
+    (no near-duplicate search, no signals) for another PNG, or when Pillow cannot convert it: the image
+    itself passed its checks, so it is kept."""
     unmeasured = Quality().columns()
-    if fmt == "png" and image.width * image.height > HASHED_PNG_PIXELS:
+    if fmt == "png" and (not decode_png or image.width * image.height > HASHED_PNG_PIXELS):
         return "", unmeasured  # decoding it would cost what the row-by-row check avoided
     try:
         if fmt == "png":
             image.load()
-        phash = perceptual_hash(image)
+        grey = image if image.mode == "L" else image.convert("L")  # one conversion for both
+        phash = perceptual_hash(grey)
     except Exception:
         return "", unmeasured
     try:
-        return phash, measure(image, width, height, channels).columns()
+        return phash, measure(image, width, height, channels, grey).columns()
     except Exception:
         return phash, unmeasured
 
 
-def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS) -> ImageFacts:
-    """Check that ``data`` can become a record and describe it; raise RejectedImage."""
-    return prepare_image(data, max_pixels)[0]
+def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS, png_pixels: bool = True) -> ImageFacts:
+    """Check that ``data`` can become a record and describe it; raise RejectedImage (``png_pixels``: see
+    ``prepare_image``)."""
+    return prepare_image(data, max_pixels, png_pixels)[0]
 
 
 def stored_bytes(data: bytes, row: dict[str, str], max_pixels: int = MAX_PIXELS) -> bytes:

@@ -13,7 +13,8 @@ decoded at 1/8 scale by inspection, so this is its thumbnail; other formats are 
 And the flags (``FLAGS``) those and the image's size give: ``dark``, ``bright``, ``flat``,
 ``blurry``, ``grey_as_colour``, ``tiny``, ``odd_aspect``; thresholds below, measured on the bench
 corpus's photos and on darkened, blurred and greyed copies of them (docs/quality.md).
-About 0.1 ms an image on the bench corpus (thumbnails of about 70 x 60 pixels).
+About 0.15 ms an image on the bench corpus (thumbnails of about 70 x 60 pixels), with the perceptual hash
+sharing its grey conversion.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class Quality:
                 "quality": "|".join(self.flags)}
 
 
-def measure(image: Any, width: int, height: int, channels: int) -> Quality:
+def measure(image: Any, width: int, height: int, channels: int, grey: Any = None) -> Quality:
     """The signals of a Pillow ``image`` (upright: its thumbnail or the whole image) of a stored image of
-    ``width`` x ``height`` pixels with ``channels`` channels, and its flags."""
+    ``width`` x ``height`` pixels with ``channels`` channels, and its flags; ``grey``: ``image`` in mode L,
+    when the caller has it already (the perceptual hash's)."""
     import numpy as np
     from PIL import Image
 
@@ -63,11 +65,13 @@ def measure(image: Any, width: int, height: int, channels: int) -> Quality:
         scale = SIDE / max(thumb.size)
         thumb = thumb.resize((max(1, round(thumb.width * scale)), max(1, round(thumb.height * scale))),
                              Image.Resampling.BOX)
+        grey = None
     pixels = np.asarray(thumb)
     if pixels.ndim == 3:  # channel by channel: a reduction over the short last axis is ten times slower
         r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
         colourfulness = float((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).mean())
-        grey = np.asarray(thumb.convert("L"), dtype=np.float32)
+        grey = np.asarray(grey if grey is not None and grey.size == thumb.size else thumb.convert("L"),
+                          dtype=np.float32)
     else:
         colourfulness, grey = 0.0, pixels.astype(np.float32)
     detail = grey[1:-1, 1:-1] * 4 - grey[:-2, 1:-1] - grey[2:, 1:-1] - grey[1:-1, :-2] - grey[1:-1, 2:]

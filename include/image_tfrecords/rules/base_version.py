@@ -82,6 +82,9 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
         return "max_file_mb or max_pixels changed"
     if params.get("modern_formats", True) != cfg.modern_formats:
         return "modern_formats changed"
+    if (params.get("near_duplicate_bits", 0) > 0 or bool(params.get("quality_reject"))) != cfg.png_pixels:
+        return ("PNG pixels are measured now and were not then, or the other way round (near_duplicate_bits, "
+                "quality_reject)")
     return ""
 
 

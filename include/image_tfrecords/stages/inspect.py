@@ -81,7 +81,7 @@ def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict
         if not cfg.modern_formats and sniff_format(data) in MODERN_FORMATS:
             raise RejectedImage("unsupported_format", f"{sniff_format(data)}: HEIC/HEIF, AVIF and JPEG XL are "
                                 "turned off (modern_formats)")
-        facts = inspect_image(data, cfg.max_pixels)
+        facts = inspect_image(data, cfg.max_pixels, cfg.png_pixels)
     except RejectedImage as exc:
         return {"filename": row["filename"], "reason": exc.reason, "detail": exc.detail}
     return {"filename": row["filename"], "label": row["label"], **vars(facts)}
