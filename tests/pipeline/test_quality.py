@@ -88,3 +88,26 @@ def test_a_night_reuses_the_signals(source: Path, tmp_path: Path) -> None:
     columns = ("brightness", "contrast", "sharpness", "colourfulness", "quality")
     assert all([second[name][c] for c in columns] == [row[c] for c in columns] for name, row in first.items())
     assert second["day/added.jpg"]["brightness"] != ""
+
+
+def test_a_night_takes_over_the_strips_whose_images_did_not_change(source: Path, tmp_path: Path) -> None:
+    """The card's thumbnail strips made from the same images are the previous version's bytes (no image
+    read, no PNG encoded); strips whose candidates changed are made afresh."""
+    night = tmp_path / "source"
+    shutil.copytree(source, night)
+    build(night, tmp_path / "out", "v1")
+    v1 = tmp_path / "out" / "q" / "v1"
+    keys = json.loads((v1 / "card" / "strips.json").read_text())["strips"]
+    assert {"card/samples/class-00000.png", "card/quality/dark.png"} <= set(keys)
+    marker = v1 / "card" / "samples" / "class-00000.png"  # a stand-in: taken over, it shows in v2 as it is
+    Image.new("RGB", (3, 3), (1, 2, 3)).save(marker)
+    darkest = json.loads((v1 / "card" / "strips.json").read_text())["strips"]["card/quality/dark.png"]
+    photo = synthetic_photo(random.Random(555), (320, 240))
+    ImageEnhance.Brightness(photo).enhance(0.01).save(night / "night" / "darker.jpg", quality=90)
+    build(night, tmp_path / "out", "v2")
+    v2 = tmp_path / "out" / "q" / "v2"
+    assert (v2 / "card" / "samples" / "class-00000.png").read_bytes() == marker.read_bytes()
+    new_keys = json.loads((v2 / "card" / "strips.json").read_text())["strips"]
+    assert new_keys["card/samples/class-00000.png"] == keys["card/samples/class-00000.png"]
+    assert new_keys["card/quality/dark.png"] != darkest  # the new darkest image joined: made afresh
+    assert (v2 / "card" / "quality" / "dark.png").read_bytes() != (v1 / "card" / "quality" / "dark.png").read_bytes()

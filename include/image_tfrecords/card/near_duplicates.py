@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from . import render
 from .render import Block, Cell, Heading, Para, Table
 
 SHOWN = 6  # groups shown
@@ -46,9 +45,10 @@ class NearDuplicateView:
             self.rows.setdefault(group, []).append(row)
 
 
-def near_duplicate_blocks(view: NearDuplicateView, bits: int, fetch_image: Callable[[dict[str, str]], bytes | None],
-                          png: Callable[[str, bytes, str], Cell]) -> list[Block]:
-    """The card's blocks for ``view`` (a build with ``near_duplicate_bits`` ``bits``)."""
+def near_duplicate_blocks(view: NearDuplicateView, bits: int,
+                          strip: Callable[[str, list[dict[str, str]], int, str], Cell]) -> list[Block]:
+    """The card's blocks for ``view`` (a build with ``near_duplicate_bits`` ``bits``); ``strip(path, rows,
+    limit, alt)`` adds a strip of thumbnails (``Card.strip``)."""
     blocks: list[Block] = [Heading("Near-duplicates")]
     if not view.groups:
         what = "off (near_duplicate_bits 0)" if bits <= 0 else f"on ({bits} bits) and found no group"
@@ -59,11 +59,9 @@ def near_duplicate_blocks(view: NearDuplicateView, bits: int, fetch_image: Calla
     rows: list[tuple[Cell, ...]] = []
     for number, (group, size) in enumerate(view.shown.items()):
         members = sorted(view.rows.get(group, []), key=lambda row: row["filename"])
-        thumbs = [thumb for row in members
-                  if (data := fetch_image(row)) is not None and (thumb := render.thumbnail(data)) is not None]
-        strip = png(f"card/near-duplicates/group-{number:02d}.png", render.thumbnail_strip(thumbs),
-                    f"near-duplicate group {group}") if thumbs else "no image available"
+        shown = strip(f"card/near-duplicates/group-{number:02d}.png", members, PER_GROUP,
+                      f"near-duplicate group {group}")
         rows.append((group, size, ", ".join(sorted({row["split"] for row in members})),
-                     ", ".join(sorted({row["label"] for row in members})), strip))
+                     ", ".join(sorted({row["label"] for row in members})), shown))
     blocks.append(Table(("group", "records", "split", "labels", "images"), rows))
     return blocks

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..images.quality import FLAGS, SIGNALS, parse_flags
-from . import render
 from .render import Block, Cell, Heading, Para, Table
 
 WORST = 4  # thumbnails shown per flag
@@ -103,9 +102,10 @@ class QualityScan:
         return out
 
 
-def quality_blocks(scan: QualityScan, records: int, fetch_image: Callable[[dict[str, str]], bytes | None],
-                   png: Callable[[str, bytes, str], Cell]) -> list[Block]:
-    """The card's blocks for ``scan`` (of ``records`` records); ``png(path, data, alt)`` adds an image."""
+def quality_blocks(scan: QualityScan, records: int,
+                   strip: Callable[[str, list[dict[str, str]], int, str], Cell]) -> list[Block]:
+    """The card's blocks for ``scan`` (of ``records`` records); ``strip(path, rows, limit, alt)`` adds a strip of
+    thumbnails (``Card.strip``)."""
     blocks: list[Block] = [Heading("Image quality")]
     if not scan.classes:
         return [*blocks, Para("No quality signals were recorded for this version (built before 0.7.0, or no "
@@ -132,11 +132,9 @@ def quality_blocks(scan: QualityScan, records: int, fetch_image: Callable[[dict[
         for flag in FLAGS:
             if not scan.flags[flag]:
                 continue
-            thumbs = [thumb for _, _, row in sorted(scan.worst[flag], reverse=True)
-                      if (data := fetch_image(row)) is not None and (thumb := render.thumbnail(data)) is not None]
-            strip = png(f"card/quality/{flag}.png", render.thumbnail_strip(thumbs), f"the most {flag} images") \
-                if thumbs else "no image available"
-            worst.append((flag, scan.flags[flag], f"{scan.flags[flag] / max(1, measured):.1%}", strip))
+            rows = [row for _, _, row in sorted(scan.worst[flag], reverse=True)]
+            shown = strip(f"card/quality/{flag}.png", rows, WORST, f"the most {flag} images")
+            worst.append((flag, scan.flags[flag], f"{scan.flags[flag] / max(1, measured):.1%}", shown))
         blocks += [Para(f"Flagged records, and the {WORST} worst of each flag."),
                    Table(("flag", "records", "share", "worst"), worst)]
     return blocks

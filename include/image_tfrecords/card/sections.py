@@ -11,6 +11,7 @@ records per number of classes and the pairs of classes found together most often
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -30,6 +31,7 @@ from .stats import (
     REJECT_EXAMPLES,
     SAMPLES,
     SCAN_FILE,
+    STRIPS_FILE,
     Diff,
     LabelScan,
     SamplePicker,
@@ -106,14 +108,33 @@ def _channels(value: Any, encoding: str) -> str:
 class Card:
     """The card's sections, appended in order to ``blocks``; PNGs collected in ``pngs``."""
 
-    def __init__(self, manifest: Manifest, splits: list[str], scan: LabelScan) -> None:
+    def __init__(self, manifest: Manifest, splits: list[str], scan: LabelScan,
+                 fetch_image: Callable[[dict[str, str]], bytes | None] = lambda _row: None,
+                 previous_strip: Callable[[str, list[str]], bytes | None] = lambda _path, _key: None) -> None:
         self.m, self.splits, self.scan = manifest, splits, scan
         self.separator = separator_of(manifest)
         self.blocks: list[Block] = []
         self.pngs: dict[str, bytes] = {}
+        self.fetch_image, self.previous_strip = fetch_image, previous_strip
+        self.strip_keys: dict[str, list[str]] = {}  # thumbnail strip -> the content hashes it was made from
 
-    def add_png(self, path: str, data: bytes, alt: str) -> Img:
-        """Add a PNG under ``path`` and return the image block that shows it."""
+    def strip(self, path: str, rows: list[dict[str, str]], limit: int, alt: str) -> Cell:
+        """A strip of thumbnails of the first ``limit`` of ``rows`` that can be fetched, under ``path``: the
+        previous version's strip when it was made from the same candidates (``previous_strip``: no image
+        read, no PNG encoded), else made afresh. ``strips.json`` keeps each strip's candidates for the next."""
+        key = [row["sha256"] for row in rows]
+        data = self.previous_strip(path, key)
+        if data is None:
+            thumbs: list[Any] = []
+            for row in rows:
+                if len(thumbs) >= limit:
+                    break
+                if (image := self.fetch_image(row)) is not None and (thumb := render.thumbnail(image)) is not None:
+                    thumbs.append(thumb)
+            if not thumbs:
+                return "no image available"
+            data = render.thumbnail_strip(thumbs)
+        self.strip_keys[path] = key
         return self._png(path, data, alt)
 
     def _png(self, path: str, data: bytes, alt: str) -> Img:
@@ -210,17 +231,12 @@ class Card:
             rows.append((a, by_id.get(a, ""), b, by_id.get(b, ""), n, f"{100 * n / rarer:.1f}%" if rarer else ""))
         self.blocks += [Para(note), Table(("id", "class", "id", "class", "records", "share"), rows)]
 
-    def samples(self, picker: SamplePicker, fetch_image: Callable[[dict[str, str]], bytes | None]) -> None:
+    def samples(self, picker: SamplePicker) -> None:
         rows: list[tuple[Cell, ...]] = []
         for cid in sorted(picker.by_class):
-            thumbs, name = [], picker.names[cid]
-            for _, row in picker.by_class[cid].items:
-                if len(thumbs) < SAMPLES and (data := fetch_image(row)) is not None:
-                    thumb = render.thumbnail(data)
-                    if thumb is not None:
-                        thumbs.append(thumb)
-            strip = self._png(f"card/samples/class-{cid:05d}.png", render.thumbnail_strip(thumbs),
-                              f"samples of {name}") if thumbs else "no image available"
+            name = picker.names[cid]
+            strip = self.strip(f"card/samples/class-{cid:05d}.png", [row for _, row in picker.by_class[cid].items],
+                               SAMPLES, f"samples of {name}")
             rows.append((cid, name, strip))
         with_records = len(self.scan.classes())
         note = (f"For each class, the {SAMPLES} records with the smallest sha256 (a choice that does not depend "
@@ -234,8 +250,8 @@ class Card:
         if rows:
             self.blocks.append(Table(("id", "class", "samples"), rows))
 
-    def quality(self, scan: QualityScan, fetch_image: Callable[[dict[str, str]], bytes | None]) -> None:
-        self.blocks += quality_blocks(scan, self.m.num_records, fetch_image, self._png)
+    def quality(self, scan: QualityScan) -> None:
+        self.blocks += quality_blocks(scan, self.m.num_records, self.strip)
 
     def rejects(self, counts: Counter[str], examples: list[tuple[str, str, str]]) -> None:
         self.blocks.append(Heading("Rejects"))
@@ -384,7 +400,8 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
                rejects: Callable[[], Iterable[dict[str, str]]],
                previous: PreviousVersion | None,
                fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "",
-               near_rows: Callable[[], Iterable[dict[str, str]]] | None = None) -> dict[str, bytes]:
+               near_rows: Callable[[], Iterable[dict[str, str]]] | None = None,
+               previous_strip: Callable[[str, list[str]], bytes | None] = lambda _path, _key: None) -> dict[str, bytes]:
     """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``."""
     picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
     manifest = as_manifest(manifest)
@@ -399,16 +416,15 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
                         pairs=separator is not None and few, labelsets=relabels, watchers=(quality, near))
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
         scan.count_pairs(labels(), separator, PAIR_CLASSES)
-    card = Card(manifest, split_names(manifest), scan)
+    card = Card(manifest, split_names(manifest), scan, fetch_image, previous_strip)
     card.header()
     card.records()
     if separator is not None:
         card.label_sets()
         card.cooccurrence()
-    card.samples(picker, fetch_image)
-    card.quality(quality, fetch_image)
-    card.blocks += near_duplicate_blocks(near, int(manifest.params.get("near_duplicate_bits") or 0), fetch_image,
-                                         card.add_png)
+    card.samples(picker)
+    card.quality(quality)
+    card.blocks += near_duplicate_blocks(near, int(manifest.params.get("near_duplicate_bits") or 0), card.strip)
     card.rejects(*scan_rejects(rejects()))
     card.shards()
     if previous is None or old_manifest is None:
@@ -422,6 +438,8 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     title = f"Dataset card: {manifest.dataset} {manifest.version}"
     blocks: list[Block] = [Heading(title, 1), *card.blocks]
     return {"card.md": render_md(blocks).encode(), "card.html": render_html(blocks, title, card.pngs).encode(),
-            **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256)}
+            **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256),
+            STRIPS_FILE: json.dumps({"image": manifest.raw.get("image"), "strips": card.strip_keys},
+                                    sort_keys=True, separators=(",", ":")).encode()}
 
 

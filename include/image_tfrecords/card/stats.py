@@ -90,6 +90,7 @@ def _pairs(counter: Counter[tuple[int, int]], classes: list[tuple[int, str]], ke
 
 
 SCAN_FILE = "card/labels-scan.bin"  # a version's LabelScan, so that the next version's card need not scan again
+STRIPS_FILE = "card/strips.json"  # each thumbnail strip's candidates, so that the next card can take it over
 _SCAN_FORMAT = 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,11 +53,37 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     files = build_card(manifest, _rows(storage, staged(cfg, LABELS)), _rows(storage, staged(cfg, REJECTS)),
                        previous, fetch_image, labels_sha256=storage.sha256_of(staged(cfg, LABELS)) or "",
                        near_rows=_rows(storage, staged(cfg, NEAR_DUPLICATES)) if storage.exists(
-                           staged(cfg, NEAR_DUPLICATES)) else None)
+                           staged(cfg, NEAR_DUPLICATES)) else None,
+                       previous_strip=_previous_strips(cfg, storage, manifest))
     for name in sorted(files):
         storage.write_bytes(staged(cfg, CARD, name), files[name])
     write_json(storage, staged(cfg, CARD_INDEX), sorted(files))
     return {"files": len(files), "bytes": sum(map(len, files.values()))}
+
+
+def _previous_strips(cfg: BuildConfig, storage: Storage,
+                     manifest: Manifest) -> Callable[[str, list[str]], bytes | None]:
+    """``previous_strip(path, candidates)``: the previous version's thumbnail strip at ``path`` when its card made
+    it from the same candidates (content hashes) with the same image options, else None: a night's card reads
+    and encodes only the strips whose images changed."""
+    from ..card.stats import STRIPS_FILE
+
+    earlier = join(cfg.dataset_uri, manifest.previous_version) if manifest.previous_version else None
+    known: dict[str, list[str]] = {}
+    if earlier is not None:
+        with contextlib.suppress(FileNotFoundError, ValueError, TypeError, AttributeError):
+            saved = json.loads(storage.read_bytes(join(earlier, STRIPS_FILE)))
+            if saved.get("image") == manifest.raw.get("image"):
+                known = {str(path): list(key) for path, key in saved["strips"].items()}
+
+    def previous_strip(path: str, key: list[str]) -> bytes | None:
+        if earlier is None or known.get(path) != key:
+            return None
+        try:
+            return storage.read_bytes(join(earlier, path))
+        except FileNotFoundError:
+            return None
+    return previous_strip
 
 
 def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
