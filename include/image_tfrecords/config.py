@@ -101,6 +101,13 @@ def check_splits(splits: Any) -> dict[str, float]:
     return out
 
 
+def measures_png(near_duplicate_bits: int, quality_reject: str) -> bool:
+    """Whether inspection decodes a PNG's pixels for its perceptual hash and quality signals: only when a build
+    decides on them (the near-duplicate search, a quality reject policy); a PNG is otherwise checked without
+    its pixels, several times faster. One rule for a build's options and a published version's params."""
+    return near_duplicate_bits > 0 or bool(quality_reject)
+
+
 def _quality_flags(value: Any) -> str:
     """``quality_reject`` in normal form: known flags, comma-separated, in ``FLAGS`` order."""
     if not isinstance(value, str):
@@ -209,10 +216,8 @@ class BuildConfig:
 
     @property
     def png_pixels(self) -> bool:
-        """Whether inspection decodes a PNG's pixels for its perceptual hash and quality signals: only when a
-        build uses them to decide (the near-duplicate search, a quality reject policy); a PNG is otherwise
-        checked without its pixels, several times faster."""
-        return self.near_duplicate_bits > 0 or bool(self.quality_reject)
+        """Whether this build's inspection decodes PNG pixels (``measures_png``)."""
+        return measures_png(self.near_duplicate_bits, self.quality_reject)
 
     @property
     def max_file_bytes(self) -> int:

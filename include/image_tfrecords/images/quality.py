@@ -58,9 +58,7 @@ def measure(image: Any, width: int, height: int, channels: int, grey: Any = None
     import numpy as np
     from PIL import Image
 
-    thumb = image if image.mode in ("RGB", "L") else image.convert("RGBA" if "A" in image.getbands() else "RGB")
-    if thumb.mode == "RGBA":
-        thumb = thumb.convert("RGB")
+    thumb = image if image.mode in ("RGB", "L") else image.convert("RGB")  # alpha dropped
     if max(thumb.size) > SIDE:
         scale = SIDE / max(thumb.size)
         thumb = thumb.resize((max(1, round(thumb.width * scale)), max(1, round(thumb.height * scale))),

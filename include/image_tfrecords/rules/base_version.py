@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import BuildConfig
+from ..config import BuildConfig, measures_png
 from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
@@ -82,7 +82,7 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
         return "max_file_mb or max_pixels changed"
     if params.get("modern_formats", True) != cfg.modern_formats:
         return "modern_formats changed"
-    if (params.get("near_duplicate_bits", 0) > 0 or bool(params.get("quality_reject"))) != cfg.png_pixels:
+    if measures_png(params.get("near_duplicate_bits", 0), params.get("quality_reject", "")) != cfg.png_pixels:
         return ("PNG pixels are measured now and were not then, or the other way round (near_duplicate_bits, "
                 "quality_reject)")
     return ""
