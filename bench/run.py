@@ -5,6 +5,7 @@
     python bench/run.py --only incremental [--incremental 6000] [--out FILE]  # that section alone
     python bench/run.py --only options [--options 3670] [--rounds 2] [--out FILE]  # likewise
     python bench/run.py --only readers [--readers 3670] [--out FILE]  # likewise
+    python bench/run.py --only signals [--signals 6000] [--rounds 3] [--out FILE]  # likewise
     python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
 
 Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (the project's own generator, run
@@ -40,6 +41,10 @@ jpeg --jpeg-quality 90``, with ``--resize 224x224 --encoding raw --channels 3`` 
 longest:512``, at ``--workers 1`` and at the CPU count, the best of ``--rounds``: total, CPU and write-stage
 seconds, write ms per image and its difference from the original build's, output MB and MB per image.
 ``--only options`` runs that section alone.
+What the image signals cost (``--signals``, issue 25; ``bench/signals_cost.py``): full builds and a 1% night of
+one corpus (``--signals`` images, default ``--images``) with the perceptual hash and quality signals and, in
+the same rounds, without them (inspection's thumbnail measurements switched off in the bench's process).
+``--only signals`` runs that section alone.
 Random-access readers (``--readers``, issue 26; ``bench/readers.py``): records/s of one version built from the
 main table's corpus, read by ``RecordSource`` alone, through PyTorch's DataLoader (0 and 2 workers) and Grain,
 against ``tfrecord``'s ``MultiTFRecordDataset`` (0 and 2 workers) and ``tf.data``, with and without decoding
@@ -73,6 +78,7 @@ from bench.incremental import incremental_nights, incremental_targets, render_in
 from bench.main_table import DagRunner, chart, main_table, render, targets  # noqa: E402
 from bench.readers import readers, readers_targets, render_readers  # noqa: E402
 from bench.scaling import dag_on_stack, dag_targets, render_dag_on_stack, render_scaling, scaling, scaling_targets  # noqa: E402
+from bench.signals_cost import render_signals, signals_cost, signals_targets  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="corpus size of the image options' builds (0 for none; default: --images)")
     parser.add_argument("--readers", type=int, default=None,
                         help="corpus size of the random-access readers' version (0 for none; default: --images)")
-    parser.add_argument("--only", choices=("all", "incremental", "scaling", "options", "readers"), default="all",
+    parser.add_argument("--signals", type=int, default=None,
+                        help="corpus size of the image signals' cost (0 for none; default: --images)")
+    parser.add_argument("--only", choices=("all", "incremental", "scaling", "options", "readers", "signals"),
+                        default="all",
                         help="incremental, scaling, options or readers: only that section (default --out: "
                              "WORK/SECTION.md)")
     parser.add_argument("--no-dag", action="store_true", help="skip (e)")
@@ -103,12 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard_size_mb = 100.0
     if args.smoke:  # small shards, so that the few hundred images of a night have shards to reuse
         args.rounds, args.images, args.scale, args.incremental, args.chain = 1, 40, "30,60", "300", 5
-        args.scaling, args.dag_stack, args.options, args.readers = 200, 0, 40, 0
+        args.scaling, args.dag_stack, args.options, args.readers, args.signals = 200, 0, 40, 0, 40
         shard_size_mb = 4.0
     if args.options is None:
         args.options = args.images
     if args.readers is None:
         args.readers = args.images
+    if args.signals is None:
+        args.signals = args.images
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or (work / f"{args.only}.md" if args.only != "all" else ROOT / "BENCHMARKS.md"))
@@ -123,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"--rounds {args.rounds}")
     if args.only == "readers":
         command = f"bench/run.py --only readers --readers {args.readers}"
+    if args.only == "signals":
+        command = (f"bench/run.py{' --smoke' * args.smoke} --only signals --signals {args.signals} "
+                   f"--rounds {args.rounds}")
     data: dict[str, Any] = {}
     rows: list[tuple[str, str, bool]] = []
     issues = []
@@ -189,6 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         text += "\n".join(render_readers(data["readers"])) + "\n"
         rows += readers_targets(data["readers"])
         issues.append("26")
+    if args.signals and args.only in ("all", "signals"):
+        print(f"image signals' cost: {args.signals} images ...", flush=True)
+        data["signals"] = signals_cost(args.signals, work, args.smoke, args.rounds)
+        text += "\n".join(render_signals(data["signals"])) + "\n"
+        rows += signals_targets(data["signals"])
+        issues.append("25")
     if rows:
         text += (f"\n## Targets (issue{'s' if len(issues) > 1 else ''} {' and '.join(issues)})\n\n"
                  "| target | measured | met |\n|---|---|---|\n") + "".join(

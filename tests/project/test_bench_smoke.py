@@ -47,14 +47,15 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
                                                              "validate", "publish"}
     text = out.read_text()
     for label in ("(a) seed-style, 1 process", "(b) seed-style, 2 threads", "(c) cp -r", "--workers 2",
-                  "airflow dags test", "## Targets (issues 5 and 13 and 22)", "## Scale: 60 images",
+                  "airflow dags test", "## Targets (issues 5 and 13 and 22 and 25)", "## Scale: 60 images",
                   "## Scaling over cores: 200 images", "## Incremental nights (issues 12 and 22)",
-                  "### 5 nights at 300 images", "\n## Image options\n"):
+                  "### 5 nights at 300 images", "\n## Image options\n", "\n## What the image signals cost\n"):
         assert label in text
     assert "Compaction on night" in text or "No compaction in 5 nights: " in text
     assert len(data["targets"]) >= 9
     check_incremental(data, text)
     check_options(data, text)
+    check_signals(data, text)
     chart = Image.open(io.BytesIO(out.with_suffix(".png").read_bytes()))
     assert chart.format == "PNG" and chart.size[0] >= 600
 
@@ -119,6 +120,20 @@ def check_options(data: dict[str, Any], text: str) -> None:
                      rf"{number} \| {number} \| {diff} \|", text)
     assert re.search(r"On one core, the write stage costs [\d.]+ ms per image stored as it is; `--resize shortest:256",
                      text)
+
+
+def check_signals(data: dict[str, Any], text: str) -> None:
+    """The image signals' cost: a full build and a night, each with and without them, in one round; the
+    builds without them record no signals (the bench really switched them off)."""
+    runs = data["signals"]["runs"]
+    for variant in ("with", "without"):
+        for kind in ("full", "night"):
+            assert len(runs[variant][kind]) == 1 and runs[variant][kind][0]["cpu_seconds"] > 0
+            assert 0 < runs[variant][kind][0]["inspect"] < runs[variant][kind][0]["seconds"]
+            assert (runs[variant][kind][0]["measured"] > 0) == (variant == "with")
+    assert re.search(r"\| full \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \|", text)
+    targets = {t["target"]: t for t in data["targets"]}
+    assert any(t.startswith("night build with the image signals") for t in targets)
 
 
 def corpus_module() -> Any:

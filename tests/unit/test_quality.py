@@ -11,7 +11,8 @@ from PIL import Image, ImageFilter
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.errors import ConfigError
 from image_tfrecords.images.probe import inspect_image
-from image_tfrecords.images.quality import FLAGS, Quality, measure
+from image_tfrecords.images.quality import FLAGS, Quality, measure, signals
+from image_tfrecords.images.thumbnail import thumbnail
 
 
 def noise(width: int = 128, height: int = 96, seed: int = 0, grey: bool = False) -> Image.Image:
@@ -52,6 +53,30 @@ def test_signals_are_scale_free_enough_to_take_from_a_thumbnail() -> None:
     a, b = measure(big, 512, 384, 3), measure(big.reduce(4), 512, 384, 3)
     assert abs(a.brightness - b.brightness) < 2 and abs(a.colourfulness - b.colourfulness) < 10
     assert a.flags == b.flags == ()
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "P"])
+def test_thumbnail_numbers_are_the_direct_ones(mode: str) -> None:
+    """One matrix product gives what the definitions say: grey within rounding of Pillow's mode L, the
+    colourfulness the mean of max - min over R, G, B; the moments about the mean, not by cancellation
+    (Pillow rounds its fixed-point luma: 0.501 at most)."""
+    image = noise(90, 70, seed=7).convert(mode)
+    thumb = thumbnail(image)
+    rgb = np.asarray(image.convert("RGB"), dtype=np.int32)
+    assert thumb.grey.shape == (70, 90)
+    assert np.abs(thumb.grey - np.asarray(image.convert("RGB").convert("L"), dtype=np.float32)).max() < 0.51
+    expected = 0.0 if mode == "L" else float((rgb.max(axis=2) - rgb.min(axis=2)).mean())
+    assert thumb.colourfulness == pytest.approx(expected, abs=1e-3)
+    quality = signals(thumb, 90, 70, 3)
+    assert quality.brightness == pytest.approx(float(thumb.grey.mean()), abs=1e-3)
+    assert quality.contrast == pytest.approx(float(thumb.grey.astype(np.float64).std()), abs=1e-3)
+
+
+def test_a_flat_bright_image_has_no_variance_from_rounding() -> None:
+    """E[x^2] - E[x]^2 in float32 would give a grey level of 250 a contrast of several levels."""
+    quality = measure(Image.new("RGB", (256, 256), (250, 250, 250)), 256, 256, 3)
+    assert quality.contrast is not None and quality.contrast < 1e-3
+    assert quality.sharpness == 0
 
 
 def test_inspection_records_the_columns() -> None:

@@ -27,16 +27,19 @@ _BADNESS: dict[str, Callable[[dict[str, float]], float]] = {
 }
 
 
+_SUMMED = (*SIGNALS, "pixels")  # what ClassQuality.sums holds, in this order
+
+
 @dataclass
 class ClassQuality:
     """Sums over one class's measured records."""
 
     records: int = 0
-    sums: Counter[str] = field(default_factory=Counter)  # signal (and "pixels") -> sum
+    sums: list[float] = field(default_factory=lambda: [0.0] * len(_SUMMED))  # in _SUMMED's order
     flags: Counter[str] = field(default_factory=Counter)
 
     def mean(self, name: str) -> float:
-        return self.sums[name] / self.records if self.records else 0.0
+        return self.sums[_SUMMED.index(name)] / self.records if self.records else 0.0
 
 
 @dataclass
@@ -50,23 +53,33 @@ class QualityScan:
     worst: dict[str, list[tuple[float, str, dict[str, str]]]] = field(default_factory=dict)  # max-heaps
 
     def offer(self, row: dict[str, str], classes: list[tuple[int, str]]) -> None:
-        """Count one record (a multi-label record counts for each of its classes)."""
+        """Count one record (a multi-label record counts for each of its classes). Called once a record:
+        plain float sums, no per-row dictionaries."""
         try:
-            signals = {name: float(row[name]) for name in SIGNALS}
-            signals["width"], signals["height"] = float(row["width"]), float(row["height"])
+            values = [float(row["brightness"]), float(row["contrast"]), float(row["sharpness"]),
+                      float(row["colourfulness"])]
+            width, height = float(row["width"]), float(row["height"])
         except (KeyError, ValueError):  # a version from before 0.7.0, or an image that was not measured
             self.unmeasured += 1
             return
-        flags = parse_flags(row.get("quality", ""))
-        self.flags.update(flags)
+        values.append(width * height)
+        cell = row.get("quality")
+        flags = parse_flags(cell) if cell else []
+        if flags:
+            self.flags.update(flags)
         for cid, name in classes:
             if cid >= self.max_classes:
                 continue
-            stats = self.classes.setdefault(cid, (name, ClassQuality()))[1]
+            entry = self.classes.get(cid)
+            if entry is None:
+                entry = self.classes[cid] = (name, ClassQuality())
+            stats = entry[1]
             stats.records += 1
-            stats.sums.update({**{s: signals[s] for s in SIGNALS}, "pixels": signals["width"] * signals["height"]})
-            stats.flags.update(flags)
+            stats.sums = [a + b for a, b in zip(stats.sums, values, strict=True)]
+            if flags:
+                stats.flags.update(flags)
         for flag in flags:
+            signals = {**dict(zip(SIGNALS, values, strict=False)), "width": width, "height": height}
             heap = self.worst.setdefault(flag, [])
             item = (-_BADNESS[flag](signals), row["sha256"], row)  # a max-heap of badness's negation
             if len(heap) < WORST:
@@ -79,11 +92,12 @@ class QualityScan:
         total = ClassQuality()
         for _, stats in self.classes.values():
             total.records += stats.records
-            total.sums.update(stats.sums)
+            total.sums = [a + b for a, b in zip(total.sums, stats.sums, strict=True)]
             total.flags.update(stats.flags)
         out = []
         for cid, (name, stats) in sorted(self.classes.items()):
-            rest = ClassQuality(total.records - stats.records, total.sums - stats.sums, total.flags - stats.flags)
+            rest = ClassQuality(total.records - stats.records,
+                                [a - b for a, b in zip(total.sums, stats.sums, strict=True)], total.flags - stats.flags)
             if stats.records < MIN_RECORDS or rest.records < MIN_RECORDS:
                 continue
             said = []

@@ -57,9 +57,10 @@ from ..errors import RejectedImage
 from ..options import MAX_PIXELS
 from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
-from .perceptual import perceptual_hash
+from .perceptual import hash_of_grey
 from .png_stream import check_png_stream
-from .quality import Quality, measure
+from .quality import Quality, signals
+from .thumbnail import thumbnail
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
 _JPEG_CHANNELS = {"L": 1, "RGB": 3}
@@ -339,6 +340,7 @@ def prepare_image(data: bytes, max_pixels: int = MAX_PIXELS, png_pixels: bool = 
     return facts, encoded
 
 
+_UNMEASURED = Quality().columns()
 HASHED_PNG_PIXELS = 4_000_000  # larger PNGs get no perceptual hash: decoding one costs 4+ bytes a pixel
 
 
@@ -349,20 +351,19 @@ def _thumbnail_facts(image: Any, fmt: str, width: int, height: int, channels: in
     without its pixels, is decoded here when ``decode_png`` and it has at most ``HASHED_PNG_PIXELS``. ``""``
     (no near-duplicate search, no signals) for another PNG, or when Pillow cannot convert it: the image
     itself passed its checks, so it is kept."""
-    unmeasured = Quality().columns()
     if fmt == "png" and (not decode_png or image.width * image.height > HASHED_PNG_PIXELS):
-        return "", unmeasured  # decoding it would cost what the row-by-row check avoided
+        return "", _UNMEASURED  # decoding it would cost what the row-by-row check avoided
     try:
         if fmt == "png":
             image.load()
-        grey = image if image.mode == "L" else image.convert("L")  # one conversion for both
-        phash = perceptual_hash(grey)
+        thumb = thumbnail(image)  # one copy of the pixels for both
+        phash = hash_of_grey(thumb.grey)
     except Exception:
-        return "", unmeasured
+        return "", _UNMEASURED
     try:
-        return phash, measure(image, width, height, channels, grey).columns()
+        return phash, signals(thumb, width, height, channels).columns()
     except Exception:
-        return phash, unmeasured
+        return phash, _UNMEASURED
 
 
 def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS, png_pixels: bool = True) -> ImageFacts:

@@ -1,7 +1,7 @@
 """Image-quality signals of one image, from the thumbnail inspection already decoded.
 
-Four numbers, taken from the upright image at most ``SIDE`` pixels on its longest side (a JPEG is
-decoded at 1/8 scale by inspection, so this is its thumbnail; other formats are reduced here):
+Four numbers, taken from the upright image's ``thumbnail`` (a JPEG's 1/8-scale decode, which inspection
+has already; other formats reduced to at most 256 pixels on the longest side):
 
 * ``brightness``: mean grey level, 0-255;
 * ``contrast``: standard deviation of the grey levels;
@@ -13,8 +13,7 @@ decoded at 1/8 scale by inspection, so this is its thumbnail; other formats are 
 And the flags (``FLAGS``) those and the image's size give: ``dark``, ``bright``, ``flat``,
 ``blurry``, ``grey_as_colour``, ``tiny``, ``odd_aspect``; thresholds below, measured on the bench
 corpus's photos and on darkened, blurred and greyed copies of them (docs/quality.md).
-About 0.15 ms an image on the bench corpus (thumbnails of about 70 x 60 pixels), with the perceptual hash
-sharing its grey conversion.
+The perceptual hash shares the thumbnail's grey levels.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SIDE = 256  # the longest side the signals are taken at
+from .thumbnail import Thumbnail, thumbnail
+
 DARK = 40.0  # brightness below: dark
 BRIGHT = 235.0  # brightness above: bright (washed out)
 FLAT = 10.0  # contrast below: flat (nearly one grey level)
@@ -51,31 +51,27 @@ class Quality:
                 "quality": "|".join(self.flags)}
 
 
-def measure(image: Any, width: int, height: int, channels: int, grey: Any = None) -> Quality:
-    """The signals of a Pillow ``image`` (upright: its thumbnail or the whole image) of a stored image of
-    ``width`` x ``height`` pixels with ``channels`` channels, and its flags; ``grey``: ``image`` in mode L,
-    when the caller has it already (the perceptual hash's)."""
-    import numpy as np
-    from PIL import Image
+def measure(image: Any, width: int, height: int, channels: int) -> Quality:
+    """The signals and flags of a Pillow ``image`` (upright: its thumbnail or the whole image) of a stored
+    image of ``width`` x ``height`` pixels with ``channels`` channels."""
+    return signals(thumbnail(image), width, height, channels)
 
-    thumb = image if image.mode in ("RGB", "L") else image.convert("RGB")  # alpha dropped
-    if max(thumb.size) > SIDE:
-        scale = SIDE / max(thumb.size)
-        thumb = thumb.resize((max(1, round(thumb.width * scale)), max(1, round(thumb.height * scale))),
-                             Image.Resampling.BOX)
-        grey = None
-    pixels = np.asarray(thumb)
-    if pixels.ndim == 3:  # channel by channel: a reduction over the short last axis is ten times slower
-        r, g, b = pixels[..., 0], pixels[..., 1], pixels[..., 2]
-        colourfulness = float((np.maximum(np.maximum(r, g), b) - np.minimum(np.minimum(r, g), b)).mean())
-        grey = np.asarray(grey if grey is not None and grey.size == thumb.size else thumb.convert("L"),
-                          dtype=np.float32)
-    else:
-        colourfulness, grey = 0.0, pixels.astype(np.float32)
-    detail = grey[1:-1, 1:-1] * 4 - grey[:-2, 1:-1] - grey[2:, 1:-1] - grey[1:-1, :-2] - grey[1:-1, 2:]
-    variance = float(grey.var())
-    brightness, contrast = float(grey.mean()), variance ** 0.5
-    sharpness = float(detail.var() / (variance + 1.0)) if detail.size else None
+
+def signals(thumb: Thumbnail, width: int, height: int, channels: int) -> Quality:
+    """The signals of a ``thumbnail`` of a stored image of ``width`` x ``height`` pixels with ``channels``
+    channels, and its flags. Variances are taken about the mean (exact in float32 at these sizes)."""
+    import numpy as np
+
+    grey = thumb.grey
+    brightness = float(grey.sum()) / max(1, grey.size)
+    centred = (grey - brightness).ravel()
+    variance = float(np.dot(centred, centred)) / max(1, centred.size)
+    sharpness = None
+    if grey.shape[0] > 2 and grey.shape[1] > 2:
+        detail = (grey[1:-1, 1:-1] * 4 - grey[:-2, 1:-1] - grey[2:, 1:-1] - grey[1:-1, :-2] - grey[1:-1, 2:]).ravel()
+        mean = float(detail.sum()) / detail.size
+        sharpness = max(0.0, float(np.dot(detail, detail)) / detail.size - mean * mean) / (variance + 1.0)
+    contrast, colourfulness = variance ** 0.5, thumb.colourfulness
     return Quality(brightness, contrast, sharpness, colourfulness,
                    flags(brightness, contrast, sharpness, colourfulness, width, height, channels))
 

@@ -1,0 +1,132 @@
+"""What the perceptual hash and the image-quality signals cost a build (issue 25): the same code with and
+without them.
+
+"Without" runs the same CLI in a process whose inspection skips them (``probe._thumbnail_facts`` replaced
+by one that measures nothing; the worker processes are forked from it, so they skip them too): every
+image is still decoded and checked as before, and the card finds no signals to summarise. Nothing else
+differs, so the difference is what the features cost, measured in the same rounds on the same corpus:
+a full build, and a night (the incremental bench's 1% night) on a base built the same way.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bench.common import PY, ROOT, Run, corpus_facts, make_corpus, measure, stage_seconds
+from bench.incremental import EXTRA_SEED, Nights, night_counts
+
+# the CLI, with inspection's thumbnail measurements switched off (bench only: no build option does this)
+WITHOUT = ("import sys; import image_tfrecords.images.probe as p; "
+           "p._thumbnail_facts = lambda *a, **k: ('', p._UNMEASURED); "
+           "from image_tfrecords.cli import main; sys.exit(main(sys.argv[1:]))")
+VARIANTS = ("with", "without")
+
+
+def _cli(variant: str) -> list[str]:
+    return [PY, "-m", "image_tfrecords"] if variant == "with" else [PY, "-c", WITHOUT]
+
+
+def _timed(cmd: list[str]) -> tuple[Run, float]:
+    """``measure(cmd)`` and the CPU seconds (user + system) of it and its worker processes."""
+    os.sync()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run = measure(cmd, cwd=ROOT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return run, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def signals_cost(images: int, work: Path, synthetic: bool, rounds: int) -> dict[str, Any]:
+    """Full builds of the ``images``-image corpus and a 1% night, each with and without the signals,
+    alternating (which goes first alternates too), ``rounds`` rounds; wall and CPU seconds and the inspect
+    and card stages of each run."""
+    corpus, pixels = make_corpus(images, work, synthetic=synthetic)
+    count, nbytes = corpus_facts(corpus)
+    folder = work / "signals"
+    shutil.rmtree(folder, ignore_errors=True)
+    counts = night_counts(count)
+    need = 2 * counts["added"] + counts["changed"]  # as the incremental section's: its cached corpus
+    extras, _ = make_corpus(need + max(20, need // 10), work, synthetic=synthetic, seed=EXTRA_SEED)
+    nights = Nights(corpus, extras, folder / "night", 100.0)
+    args = ["--dataset", "nightly", "--workers", "2", "--shard-size-mb", "100", "--no-progress"]
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {v: {"full": [], "night": []} for v in VARIANTS}
+
+    def build(variant: str, kind: str, source: Path, dest: Path, version: str) -> None:
+        run, cpu = _timed([*_cli(variant), "build", "--source", str(source), "--destination", str(dest), *args,
+                           "--version", version])
+        stages = stage_seconds(run.stdout)
+        with open(dest / "nightly" / version / "labels.csv", newline="") as f:
+            measured = sum(1 for row in csv.DictReader(f) if row.get("brightness"))  # records with signals
+        runs[variant][kind].append({"seconds": run.seconds, "cpu_seconds": cpu, "inspect": stages.get("inspect", 0.0),
+                                    "card": stages.get("card", 0.0), "measured": measured})
+        print(f"  {kind} {variant}: {run.seconds:.2f} s ({cpu:.2f} s CPU), inspect {stages.get('inspect', 0):.2f} s, "
+              f"card {stages.get('card', 0):.2f} s", flush=True)
+
+    # the night's source: the corpus once mutated; each variant's base is built from the corpus itself
+    bases = {v: folder / f"base-{v}" for v in VARIANTS}
+    for variant in VARIANTS:
+        _timed([*_cli(variant), "build", "--source", str(nights.source), "--destination", str(bases[variant]),
+                *args, "--version", "night01"])
+    nights.mutate(2, counts)
+    for number in range(rounds):
+        order = VARIANTS if number % 2 == 0 else VARIANTS[::-1]
+        for variant in order:
+            out = folder / "out"
+            shutil.rmtree(out, ignore_errors=True)
+            build(variant, "full", nights.source, out, "full")
+        for variant in order:
+            out = folder / "out"
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["cp", "-al", str(bases[variant]), str(out)], check=True)
+            build(variant, "night", nights.source, out, "night02")
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"images": count, "megabytes": nbytes / 1e6, "pixels": pixels, "rounds": rounds, "runs": runs,
+            "load_before": os.getloadavg()[0]}
+
+
+def _median(values: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(v[key] for v in values)
+
+
+def render_signals(report: dict[str, Any]) -> list[str]:
+    """The "What the image signals cost" section."""
+    runs = report["runs"]
+    lines = [
+        "## What the image signals cost", "",
+        f"Issue 25's perceptual hash and quality signals on the {report['images']}-file corpus "
+        f"({report['megabytes']:.1f} MB; pixels: {report['pixels']}), `--workers 2`: a full build into a fresh "
+        "folder, and the incremental section's 1% night on a base built the same way; each with the signals "
+        "(the CLI as it is) and without them (the same CLI with inspection's thumbnail measurements switched "
+        "off, `bench/signals_cost.py`: every image still decoded and checked), alternating, "
+        f"{report['rounds']} round{'s' * (report['rounds'] > 1)}; medians. CPU: user + system seconds of the "
+        "build and its workers, which other load on the machine changes less than wall time.", "",
+        "| build | without: s | with: s | more | without: CPU s | with: CPU s | more | inspect s (without / with) "
+        "| card s (without / with) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for kind in ("full", "night"):
+        a, b = runs["without"][kind], runs["with"][kind]
+        wall = (_median(a, "seconds"), _median(b, "seconds"))
+        cpu = (_median(a, "cpu_seconds"), _median(b, "cpu_seconds"))
+        lines.append(
+            f"| {kind} | {wall[0]:.2f} | {wall[1]:.2f} | {wall[1] / wall[0] - 1:+.1%} | {cpu[0]:.2f} | {cpu[1]:.2f} | "
+            f"{cpu[1] / cpu[0] - 1:+.1%} | {_median(a, 'inspect'):.2f} / {_median(b, 'inspect'):.2f} | "
+            f"{_median(a, 'card'):.2f} / {_median(b, 'card'):.2f} |")
+    return [*lines, ""]
+
+
+def signals_targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """Issue 25's cost target, on the CPU seconds (the wall time's medians move more than 5% between rounds)."""
+    rows = []
+    for kind in ("full", "night"):
+        a, b = report["runs"]["without"][kind], report["runs"]["with"][kind]
+        more = _median(b, "cpu_seconds") / _median(a, "cpu_seconds") - 1
+        rows.append((f"{kind} build with the image signals: at most 5% more than without (CPU, "
+                     f"{report['images']} images)", f"{more:+.1%}", more <= 0.05))
+    return rows
