@@ -142,6 +142,7 @@ def test_an_approved_build_is_published(airflow_env: dict[str, str], api: ApiSer
     gate = manifest(dest, "v2")["build"]["gate"]
     assert (gate["verdict"], gate["approved_by"]) == ("approved", who) and who
     assert "class share: circles" in gate["tripped"]
+    assert f"published because {who} approved it in the Airflow UI" in (dest / "d" / "v2" / "card.md").read_text()
     assert latest(dest) == "v2" and not (dest / "d" / "_staging").exists()
 
 

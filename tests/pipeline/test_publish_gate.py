@@ -4,6 +4,7 @@ tripped build until it is approved (what the DAG's approval does)."""
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import subprocess
@@ -29,6 +30,16 @@ def manifest(dest: Path, version: str) -> dict:
     return json.loads((dest / "d" / version / "manifest.json").read_text())
 
 
+def card_gate(dest: Path, version: str) -> str:
+    """The publish-gate section of the published card.md (checked the same in card.html)."""
+    md, page = ((dest / "d" / version / name).read_text() for name in ("card.md", "card.html"))
+    section = md.split("<!-- section publish-gate -->\n", 1)[1].split("<!-- end of section publish-gate -->")[0]
+    verdict = section.splitlines()[2]
+    assert section.startswith("## Publish gate\n") and html.escape(verdict.replace("\\", "")) in page
+    assert "Not evaluated yet" not in md + page
+    return section
+
+
 def latest(dest: Path) -> str:
     return json.loads((dest / "d" / "latest.json").read_text())["version"]
 
@@ -45,6 +56,7 @@ def shifted(sample_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
     gate = manifest(dest, "v1")["build"]["gate"]
     assert gate["verdict"] == "passed" and gate["previous_version"] is None
     assert manifest(dest, "v1")["build"]["class_records"] == {"circles": 20, "squares": 20, "triangles": 20}
+    assert "Passed: there is no previous version to compare with." in card_gate(dest, "v1")
     for path in sorted((src / "circles").iterdir())[:14]:
         path.unlink()
     return src, dest
@@ -77,6 +89,9 @@ def test_a_tripped_gate_publishes_nothing_until_the_build_is_accepted(shifted: t
     assert circles_check == {"check": "class_share", "of": "circles", "before": 0.333333, "now": 0.130435,
                              "threshold": 0.1, "tripped": True}
     assert latest(dest) == "v2" and not (dest / "d" / "_staging").exists()
+    card = card_gate(dest, "v2")  # the card states the verdict it was published with, and the checks
+    assert "published anyway: accept_gate was set" in card
+    assert "| class share | circles | 33.3% | 13.0% | ±10.0 points | TRIPPED |" in card
 
 
 def test_thresholds_and_the_gate_switch_decide_what_trips(shifted: tuple[Path, Path]) -> None:
@@ -92,6 +107,7 @@ def test_thresholds_and_the_gate_switch_decide_what_trips(shifted: tuple[Path, P
                   "--workers", "2", "--no-progress")  # the gate is off by default
     assert off.returncode == 0, off.stderr
     assert "publish gate: off" in off.stdout
+    assert "Off (the gate option)" in card_gate(dest, "v3")
     assert manifest(dest, "v3")["build"]["gate"] == {
         "verdict": "off", "thresholds": {"reject_share": 0.05, "class_share": 0.1, "quality_share": 0.1,
                                          "near_duplicates_across_labels": 0}}
@@ -111,4 +127,5 @@ def test_publish_refuses_a_tripped_build_until_a_person_approves_it(shifted: tup
     stages.publish_stage(cfg, storage)
     gate = manifest(dest, "v2")["build"]["gate"]
     assert (gate["verdict"], gate["approved_by"]) == ("approved", "Ada")
+    assert "published because Ada approved it in the Airflow UI" in card_gate(dest, "v2")
     assert latest(dest) == "v2"

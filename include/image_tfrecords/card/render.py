@@ -46,7 +46,16 @@ class Para:
     text: str
 
 
-Block = Heading | Para | Table | Img
+@dataclass(frozen=True)
+class Section:
+    """Blocks that a later stage may replace in the rendered card (``replace_section``): rendered between
+    two comments naming it, invisible in Markdown and HTML alike."""
+
+    name: str
+    blocks: list[Heading | Para | Table | Img]
+
+
+Block = Heading | Para | Table | Img | Section
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 # Backslash-escape what could start markup inside a line: emphasis, code, links, HTML, table pipes,
@@ -81,9 +90,28 @@ def _numeric(table: Table) -> list[bool]:
             for i in range(len(table.header))]
 
 
+def _marks(name: str) -> tuple[str, str]:
+    return f"<!-- section {name} -->", f"<!-- end of section {name} -->"
+
+
+def replace_section(document: str, name: str, blocks: list[Block], html_format: bool) -> str:
+    """``document`` (a rendered card.md, or card.html when ``html_format``) with section ``name``'s blocks
+    replaced by ``blocks`` (no images); unchanged when it has no such section (a card from before it)."""
+    start, end = _marks(name)
+    head, found, rest = document.partition(start + "\n")
+    if not found or end not in rest:
+        return document
+    inner = "\n".join(_html_body(blocks, {})) + "\n" if html_format else render_md(blocks)
+    return head + start + "\n" + inner + end + rest.split(end, 1)[1]
+
+
 def render_md(blocks: list[Block]) -> str:
     out: list[str] = []
     for block in blocks:
+        if isinstance(block, Section):
+            start, end = _marks(block.name)
+            out += [start, render_md(block.blocks) + end, ""]
+            continue
         if isinstance(block, Heading):
             out.append("#" * block.level + " " + md_escape(block.text))
         elif isinstance(block, Para):
@@ -110,6 +138,15 @@ _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
 def render_html(blocks: list[Block], title: str, pngs: dict[str, bytes]) -> str:
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{html_escape(title)}</title>\n<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<main>\n"
+            + "\n".join(_html_body(blocks, pngs)) + "\n</main>\n</body>\n</html>\n")
+
+
+def _html_body(blocks: list[Block], pngs: dict[str, bytes]) -> list[str]:
+    """The HTML lines of ``blocks`` (``pngs``: the images they show, by path)."""
     def img(value: Img) -> str:
         png = pngs[value.path]
         width, height = png_size(png)
@@ -118,7 +155,10 @@ def render_html(blocks: list[Block], title: str, pngs: dict[str, bytes]) -> str:
 
     body: list[str] = []
     for block in blocks:
-        if isinstance(block, Heading):
+        if isinstance(block, Section):
+            start, end = _marks(block.name)
+            body += [start, *_html_body(block.blocks, pngs), end]
+        elif isinstance(block, Heading):
             body.append(f"<h{block.level}>{html_escape(block.text)}</h{block.level}>")
         elif isinstance(block, Para):
             body.append(f"<p>{html_escape(block.text)}</p>")
@@ -134,11 +174,7 @@ def render_html(blocks: list[Block], title: str, pngs: dict[str, bytes]) -> str:
                     f"<td>{img(v) if isinstance(v, Img) else html_escape(_fmt(v))}</td>"
                     for i, v in enumerate(row)) + "</tr>")
             body.append("</tbody></table>")
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{html_escape(title)}</title>\n<style>\n{_STYLE}\n</style>\n</head>\n<body>\n<main>\n"
-            + "\n".join(body) + "\n</main>\n</body>\n</html>\n")
+    return body
 
 
 def png_size(png: bytes) -> tuple[int, int]:

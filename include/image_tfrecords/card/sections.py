@@ -22,6 +22,7 @@ from ..images.transform import ImageOptions
 from ..published.manifest import Manifest, as_manifest
 from ..records.schema import ordered_splits
 from . import plot, render
+from .gate_verdict import pending_blocks
 from .near_duplicates import NearDuplicateView, near_duplicate_blocks
 from .quality import QualityScan, quality_blocks
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
@@ -434,6 +435,7 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
         if old is None or (relabels and not old.hashed_labelsets):
             old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
         card.changes(old_manifest, old, diff_versions(scan, labels, old, previous.labels))
+    card.blocks += pending_blocks()  # the gate stage puts its verdict here
     card.params()
     title = f"Dataset card: {manifest.dataset} {manifest.version}"
     blocks: list[Block] = [Heading(title, 1), *card.blocks]

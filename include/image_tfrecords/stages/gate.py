@@ -27,7 +27,7 @@ from ..progress import log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..rules.publish_gate import ACCEPTED, APPROVED, OFF, PASSED, TRIPPED, Facts, Thresholds, evaluate
-from ..staging import GATE_REPORT, LABELS, MANIFEST, staged
+from ..staging import CARD, GATE_REPORT, LABELS, MANIFEST, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json, read_rows, write_json
 
@@ -61,8 +61,9 @@ def gate_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     gate = {"verdict": verdict, "thresholds": dataclasses.asdict(thresholds_of(cfg))}
     write_json(storage, staged(cfg, GATE_REPORT),
                gate | (report.to_json(limit=None) if report else {}) | {"report": "\n".join(lines)})
-    _rewrite(storage, uri, manifest, ({"class_records": counts} if counts is not None else {})
-             | {"gate": gate | (report.to_json() if report else {})})
+    recorded = gate | (report.to_json() if report else {})
+    _rewrite(storage, uri, manifest, ({"class_records": counts} if counts is not None else {}) | {"gate": recorded})
+    _card_says(cfg, storage, recorded)
     log.info("%s", "\n".join(lines))
     return {"verdict": verdict, "tripped": len(report.tripped) if report else 0, "report": lines}
 
@@ -76,6 +77,7 @@ def approve_gate(cfg: BuildConfig, storage: Storage, by: str = "") -> dict[str, 
     if gate.get("verdict") == TRIPPED:
         gate |= {"verdict": APPROVED, "approved_by": by}
         _rewrite(storage, uri, manifest, {"gate": gate})
+        _card_says(cfg, storage, gate)
         report = read_json(storage, staged(cfg, GATE_REPORT))
         write_json(storage, staged(cfg, GATE_REPORT), report | {"verdict": APPROVED, "approved_by": by})
         log.info("publish gate: approved by %s", by or "(unknown)")
@@ -115,6 +117,23 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Facts 
     except (FileNotFoundError, DamagedFile) as exc:
         log.warning("publish gate: version %s does not read (%s): nothing to compare with", version, exc)
         return None
+
+
+def _card_says(cfg: BuildConfig, storage: Storage, gate: dict[str, Any]) -> None:
+    """Put the verdict in the staged card's publish-gate section (card.md and card.html; the card is made
+    before the gate: ``card.gate_verdict``). Same verdict, same bytes."""
+    from ..card.gate_verdict import SECTION, verdict_blocks
+    from ..card.render import replace_section
+
+    for name, html_format in (("card.md", False), ("card.html", True)):
+        uri = staged(cfg, CARD, name)
+        try:
+            document = storage.read_bytes(uri).decode()
+        except FileNotFoundError:  # no card staged (a stage run alone): nothing to say it in
+            continue
+        updated = replace_section(document, SECTION, verdict_blocks(gate), html_format)
+        if updated != document:
+            storage.write_bytes(uri, updated.encode())
 
 
 def _rewrite(storage: Storage, uri: str, manifest: Manifest, build: dict[str, Any]) -> None:
