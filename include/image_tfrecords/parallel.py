@@ -4,6 +4,7 @@ pools of the command line and of DAG tasks."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import multiprocessing
 import os
@@ -39,6 +40,13 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: 
         finally:
             for future in pending:
                 future.cancel()
+
+
+def preload(*modules: str) -> None:
+    """Import ``modules`` here before a pool forks its workers (on its first task): forked workers share
+    them instead of importing each its own (numpy and Pillow cost about 0.1 s of CPU a process)."""
+    for name in modules:
+        importlib.import_module(name)
 
 
 def _apply(fn: Callable[[T], R], batch: list[T]) -> list[R]:

@@ -131,7 +131,8 @@ def check_signals(data: dict[str, Any], text: str) -> None:
             assert len(runs[variant][kind]) == 1 and runs[variant][kind][0]["cpu_seconds"] > 0
             assert 0 < runs[variant][kind][0]["inspect"] < runs[variant][kind][0]["seconds"]
             assert (runs[variant][kind][0]["measured"] > 0) == (variant == "with")
-    assert re.search(r"\| full \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \|", text)
+    assert re.search(r"\| full \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \|", text)
+    assert re.search(r"Inspection per image .*: \d+ us without the measurements, \d+ us with them", text)
     targets = {t["target"]: t for t in data["targets"]}
     assert any(t.startswith("night build with the image signals") for t in targets)
 

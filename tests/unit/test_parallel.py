@@ -1,11 +1,12 @@
-"""``parallel.batched_map``: order, bounded batches, and a short input spread over every worker."""
+"""``parallel.batched_map``: order, bounded batches, and a short input spread over every worker; ``preload``."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from image_tfrecords.parallel import batched_map
+from image_tfrecords.parallel import batched_map, preload, process_pool
 
 
 class CountingPool(ThreadPoolExecutor):
@@ -45,3 +46,21 @@ def test_an_empty_input_submits_nothing() -> None:
     with CountingPool(2) as pool:
         assert list(batched_map(str, [], pool, 2, total=0)) == []
         assert pool.batches == []
+
+
+def _loaded(name: str) -> bool:
+    return name in sys.modules
+
+
+def test_modules_preloaded_before_the_first_task_are_in_every_forked_worker() -> None:
+    """``preload`` before the pool's first task: its workers are forked with the module already imported."""
+    name = "xml.dom.minidom"  # imported by nothing of the project's or of pytest's
+    sys.modules.pop(name, None)
+    with process_pool(2) as pool:
+        assert pool is not None
+        preload(name)
+        assert list(pool.map(_loaded, [name, name])) == [True, True]
+    sys.modules.pop(name, None)
+    with process_pool(2) as pool:
+        assert pool is not None
+        assert list(pool.map(_loaded, [name, name])) == [False, False]  # the test can fail: without it, not
