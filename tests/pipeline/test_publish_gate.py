@@ -123,6 +123,17 @@ def test_publish_refuses_a_tripped_build_until_a_person_approves_it(shifted: tup
     with pytest.raises(GateTripped, match="the publish gate tripped and nobody approved or accepted it"):
         stages.publish_stage(cfg, storage)
     assert not (dest / "d" / "v2").exists()
+
+    class CardWriteFails(Storage):
+        def write_bytes(self, uri: str, data: bytes) -> None:
+            if uri.endswith("card.html"):
+                raise OSError("the store is down")
+            super().write_bytes(uri, data)
+
+    with pytest.raises(OSError, match="the store is down"):  # the approval task fails half-way, and retries
+        stages.approve_gate(cfg, CardWriteFails(), by="Ada")
+    staged_manifest = json.loads((dest / "d" / "_staging" / "v2" / "manifest.json").read_text())
+    assert staged_manifest["build"]["gate"]["verdict"] == "tripped"  # the manifest is written last
     assert stages.approve_gate(cfg, storage, by="Ada") == {"verdict": "approved"}
     stages.publish_stage(cfg, storage)
     gate = manifest(dest, "v2")["build"]["gate"]

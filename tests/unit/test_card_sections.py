@@ -42,3 +42,11 @@ def test_the_verdict_replaces_the_pending_section_in_both_formats_and_again_give
 def test_a_card_without_the_section_is_left_as_it_is() -> None:
     md = render_md([Heading("Card", 1), Para("no gate here")])
     assert replace_section(md, SECTION, verdict_blocks(GATE), html_format=False) == md
+
+
+def test_checks_that_are_not_numbers_are_shown_as_they_are() -> None:
+    """A manifest edited by hand (or from elsewhere) never stops the card: odd values are printed as given."""
+    odd = {"verdict": "passed", "previous_version": "v1", "checks_run": 1,
+           "checks": [{"check": "class_share", "of": "cats", "before": None, "now": "n/a", "threshold": [1]}]}
+    md = replace_section(documents()[0], SECTION, verdict_blocks(odd), html_format=False)
+    assert "| class share | cats | None | n/a | \\[1\\] | ok |" in md

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -72,6 +77,20 @@ def test_thumbnail_numbers_are_the_direct_ones(mode: str) -> None:
     assert quality.contrast == pytest.approx(float(thumb.grey.astype(np.float64).std()), abs=1e-3)
 
 
+def test_sixteen_bit_grey_is_scaled_not_clipped() -> None:
+    """A 16-bit grey PNG (Pillow's I;16, kept as it is) is measured on 0-255 like any other: a ramp over the
+    whole range is mid-grey with contrast, not 'bright' and 'flat' from clipping at 255."""
+    ramp = np.tile(np.linspace(0, 65535, 200).astype(np.uint16), (100, 1))
+    buffer = io.BytesIO()
+    Image.fromarray(ramp).save(buffer, "PNG")
+    image = Image.open(io.BytesIO(buffer.getvalue()))
+    assert image.mode.startswith("I")
+    quality = measure(image, 200, 100, 1)
+    assert quality.brightness == pytest.approx(127.5, abs=1) and quality.contrast > 60
+    assert quality.flags == ("blurry",)  # a smooth ramp has no fine detail: that much is right
+    assert measure(image.resize((400, 200)), 400, 200, 1).brightness == pytest.approx(127.5, abs=1)  # resized
+
+
 def test_a_flat_bright_image_has_no_variance_from_rounding() -> None:
     """E[x^2] - E[x]^2 in float32 would give a grey level of 250 a contrast of several levels."""
     quality = measure(Image.new("RGB", (256, 256), (250, 250, 250)), 256, 256, 3)
@@ -113,3 +132,38 @@ def test_a_png_is_measured_only_when_asked() -> None:
     assert BuildConfig("/in", "/out", "d", "v1").png_pixels is False
     assert BuildConfig("/in", "/out", "d", "v1", near_duplicate_bits=12).png_pixels is True
     assert BuildConfig("/in", "/out", "d", "v1", quality_reject="tiny").png_pixels is True
+
+
+BLAS_SCRIPT = """
+import hashlib, io
+import numpy as np
+from PIL import Image
+from image_tfrecords.images.probe import inspect_image
+rng = np.random.default_rng(1)
+facts = []
+for _ in range(60):  # almost flat images: their DCT coefficients sit close together, near the median
+    pixels = np.clip(int(rng.integers(20, 240)) + rng.normal(0, 0.6, (480, 640, 3)), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=int(rng.integers(60, 95)))
+    f = inspect_image(buffer.getvalue())
+    facts.append((f.phash, f.brightness, f.contrast, f.sharpness, f.colourfulness, f.quality))
+print(hashlib.sha256(repr(facts).encode()).hexdigest())
+"""
+
+
+def _has_avx2() -> bool:
+    try:
+        return platform.machine() == "x86_64" and " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="needs an x86-64 CPU with AVX2 to run OpenBLAS's Haswell kernels")
+def test_the_numbers_do_not_depend_on_the_cpus_blas_kernels() -> None:
+    """The same image gives the same hash and signals on every CPU: OpenBLAS's kernels for two CPU
+    generations round differently (a float32 matrix product moved hash bits of these images), and
+    inspections are reused across machines."""
+    outputs = {subprocess.run([sys.executable, "-c", BLAS_SCRIPT], capture_output=True, text=True, check=True,
+                              env={**os.environ, "OPENBLAS_CORETYPE": kernel}).stdout
+               for kernel in ("Haswell", "Prescott")}
+    assert len(outputs) == 1, outputs

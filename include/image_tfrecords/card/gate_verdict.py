@@ -22,13 +22,26 @@ def pending_blocks() -> list[Block]:
     return [Section(SECTION, [Heading("Publish gate"), Para("Not evaluated yet: the gate runs after the card.")])]
 
 
+def _number(value: Any) -> float | None:
+    """``value`` as a number (None when it is none: a manifest edited by hand, or from elsewhere)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _value(kind: str, value: Any) -> str:
-    return f"{value:g}" if kind == NEAR_DUPLICATES else f"{float(value):.1%}"
+    number = _number(value)
+    if number is None:
+        return str(value)
+    return f"{number:g}" if kind == NEAR_DUPLICATES else f"{number:.1%}"
 
 
 def _limit(kind: str, threshold: Any) -> str:
-    sign = "+" if kind in RISE_ONLY else "\u00b1"
-    return f"{sign}{threshold:g}" if kind == NEAR_DUPLICATES else f"{sign}{100 * float(threshold):.1f} points"
+    number, sign = _number(threshold), "+" if kind in RISE_ONLY else "\u00b1"
+    if number is None:
+        return str(threshold)
+    return f"{sign}{number:g}" if kind == NEAR_DUPLICATES else f"{sign}{100 * number:.1f} points"
 
 
 def verdict_blocks(gate: Mapping[str, Any]) -> list[Block]:

@@ -57,15 +57,16 @@ def _projection(size: int) -> Any:
     at SIDE pixels."""
     import numpy as np
 
-    return (_dct_matrix().astype(np.float64) @ _area_weights(size)).astype(np.float32)
+    return _dct_matrix().astype(np.float64) @ _area_weights(size)
 
 
 def hash_of_grey(grey: Any) -> str:
     """The pHash of an upright image's grey levels (a 2-D float32 array, ``thumbnail``'s), 16 hex digits."""
     import numpy as np
 
-    # 63 coefficients: the 8 x 8 less DC
-    low = (_projection(grey.shape[0]) @ grey @ _projection(grey.shape[1]).T).ravel()[1:]
+    # 63 coefficients: the 8 x 8 less DC. BLAS kernels round differently on other CPUs: in float64, and rounded
+    # to 1e-6 (the last bits cannot move a coefficient across the median of an almost flat image's noise)
+    low = np.round((_projection(grey.shape[0]) @ grey.astype(np.float64) @ _projection(grey.shape[1]).T).ravel()[1:], 6)
     bits = low > np.partition(low, BITS // 2)[BITS // 2]  # above the median
     return f"{int.from_bytes(np.packbits(bits).tobytes(), 'big') >> 1:016x}"  # 63 bits, the first the highest
 

@@ -2,29 +2,20 @@
 
 The perceptual hash (``perceptual``) and the quality signals (``quality``) are both taken from this. A
 JPEG's thumbnail is its 1/8-scale decode (inspection has it already); any other image is reduced here to at
-most ``SIDE`` pixels on its longest side. Pillow hands the pixels over once (``tobytes``), and one matrix
-product gives, per pixel, the grey level (ITU-R 601 luma, as Pillow's mode L, unrounded) and the three
-differences R-G, G-B, B-R: ``max(R, G, B) - min(R, G, B)`` is half the sum of their absolute values, so the
-colourfulness needs no per-pixel maximum. Every step is a handful of numpy calls, whatever the size: at a
-JPEG thumbnail's few thousand pixels their fixed cost is what counts.
+most ``SIDE`` pixels on its longest side. Pillow hands the pixels over once (``tobytes``); per pixel, the
+grey level is ITU-R 601 luma (as Pillow's mode L, unrounded), and ``max(R, G, B) - min(R, G, B)`` is half
+the sum of ``|R-G|``, ``|G-B|`` and ``|B-R|``, so the colourfulness needs no per-pixel maximum. Every step
+is a handful of numpy calls, whatever the size: at a JPEG thumbnail's few thousand pixels their fixed cost
+is what counts. No BLAS (matrix products, ``dot``): its kernels round differently on other CPUs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 SIDE = 256  # the longest side the numbers are taken at
-# rows: grey (luma), R-G, G-B, B-R; columns: R, G, B
-_MIX = ((0.299, 0.587, 0.114), (1.0, -1.0, 0.0), (0.0, 1.0, -1.0), (-1.0, 0.0, 1.0))
-
-
-@cache
-def _mix() -> Any:
-    import numpy as np
-
-    return np.array(_MIX, np.float32)
+_LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as Pillow's mode L
 
 
 @dataclass(frozen=True)
@@ -36,20 +27,35 @@ class Thumbnail:
     colourfulness: float
 
 
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # grey levels of 0-65535 (PNG's 16-bit grey)
+
+
 def thumbnail(image: Any) -> Thumbnail:
-    """The numbers of an upright Pillow ``image`` (alpha dropped; any mode Pillow converts to RGB)."""
+    """The numbers of an upright Pillow ``image`` (alpha dropped; any mode Pillow converts to RGB; 16-bit
+    grey scaled to 0-255, not clipped)."""
     import numpy as np
     from PIL import Image
 
-    if image.mode not in ("RGB", "L"):
+    if image.mode in _SIXTEEN_BIT:
+        image = image.convert("I")
+    elif image.mode not in ("RGB", "L"):
         image = image.convert("RGB")
     if max(image.size) > SIDE:
         scale = SIDE / max(image.size)
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                              Image.Resampling.BOX)
+    shape = (image.height, image.width)
+    if image.mode == "I":
+        levels = np.asarray(image, dtype=np.float32).reshape(shape)
+        return Thumbnail(np.clip(levels, 0, 65535) * np.float32(255 / 65535), 0.0)
     data = np.frombuffer(image.tobytes(), np.uint8)
     if image.mode == "L":
-        return Thumbnail(data.reshape(image.height, image.width).astype(np.float32), 0.0)
-    mixed = _mix() @ data.reshape(-1, 3).T.astype(np.float32)  # 4 rows of pixels: each row contiguous
-    grey = mixed[0].reshape(image.height, image.width)
-    return Thumbnail(grey, float(np.abs(mixed[1:]).sum()) / (2 * max(1, grey.size)))
+        return Thumbnail(data.reshape(shape).astype(np.float32), 0.0)
+    # Element by element, not a matrix product: BLAS kernels round differently from one CPU to another,
+    # and the numbers must depend on the image alone.
+    red, green, blue = data.reshape(-1, 3).T.astype(np.float32)  # three contiguous rows
+    grey = red * np.float32(_LUMA[0])
+    grey += green * np.float32(_LUMA[1])
+    grey += blue * np.float32(_LUMA[2])
+    spread = float(np.abs(red - green).sum() + np.abs(green - blue).sum() + np.abs(blue - red).sum())
+    return Thumbnail(grey.reshape(shape), spread / (2 * max(1, grey.size)))
