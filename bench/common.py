@@ -83,6 +83,15 @@ def measure(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path | N
     return Run(seconds, sampler.peak, stdout + stderr)
 
 
+def compile_package() -> None:
+    """Write the package's bytecode once, so that every timed run measures the build, not Python compiling
+    its modules: ``pip install`` compiles them, and a clone writes them on its first import, unless
+    ``PYTHONDONTWRITEBYTECODE`` is set (as on the machine the benchmarks ran on)."""
+    import compileall
+
+    compileall.compile_dir(str(Path(__file__).resolve().parents[1] / "include"), quiet=1)
+
+
 # -- corpora ---------------------------------------------------------------------------------------
 def make_corpus(images: int, work: Path, parts: int = 1, synthetic: bool = False, seed: int = 0) -> tuple[Path, str]:
     """The make_corpus.py corpus of ``images`` images (cached) and where its pixels came from.

@@ -71,7 +71,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the project root is importable only now
 
-from bench.common import corpus_facts, make_corpus, preamble  # noqa: E402
+from bench.common import compile_package, corpus_facts, make_corpus, preamble  # noqa: E402
 from bench.dag_tasks import render_scale, run_tasks, scale_targets, write_alone  # noqa: E402
 from bench.image_options import options_cost, render_options  # noqa: E402
 from bench.incremental import incremental_nights, incremental_targets, render_incremental  # noqa: E402
@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.signals = args.images
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    compile_package()
     out = Path(args.out or (work / f"{args.only}.md" if args.only != "all" else ROOT / "BENCHMARKS.md"))
     command = "make bench" if not args.smoke else "bench/run.py --smoke"
     if args.only == "incremental":

@@ -2,7 +2,7 @@
 them as thumbnails side by side (issue 25; see docs/near-duplicates.md).
 
 ``NearDuplicateView.of`` reads near_duplicates.csv once (a count per group), keeps the ``SHOWN`` largest
-groups, and learns their members' labels.csv rows during the card's one pass over labels.csv (``offer``);
+groups, and learns their members' labels.csv rows during the card's one pass over labels.csv (``offer_batch``);
 memory: one counter per group plus ``SHOWN`` x ``PER_GROUP`` rows."""
 
 from __future__ import annotations
@@ -38,11 +38,14 @@ class NearDuplicateView:
         members = {name: group for group in shown for name in names[group]}
         return cls(len(sizes), sum(sizes.values()), shown, members)
 
-    def offer(self, row: dict[str, str], _classes: list[tuple[int, str]]) -> None:
-        """Keep ``row`` if it is a shown group's member (called for every labels.csv row)."""
-        group = self.members.get(row["filename"])
-        if group is not None:
-            self.rows.setdefault(group, []).append(row)
+    def offer_batch(self, rows: list[dict[str, str]], _classes: list[list[tuple[int, str]]]) -> None:
+        """Keep those of ``rows`` that are a shown group's members (called for every labels.csv row)."""
+        if not self.members:
+            return
+        for row in rows:
+            group = self.members.get(row["filename"])
+            if group is not None:
+                self.rows.setdefault(group, []).append(row)
 
 
 def near_duplicate_blocks(view: NearDuplicateView, bits: int,

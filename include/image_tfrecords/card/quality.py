@@ -1,7 +1,7 @@
 """The card's image-quality section: per-class means of the quality signals, flag shares, classes
 that differ from the rest (a shortcut a model will learn), and thumbnails of the worst images.
 
-Fed one labels.csv row at a time during the card's one pass (``LabelScan.of``); memory is bounded by
+Fed labels.csv rows a batch at a time during the card's one pass (``LabelScan.of``); memory is bounded by
 the number of classes shown plus ``WORST`` rows per flag."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _BADNESS: dict[str, Callable[[dict[str, float]], float]] = {
 
 
 _SUMMED = (*SIGNALS, "pixels")  # what ClassQuality.sums holds, in this order
+_COLUMNS = (*SIGNALS, "width", "height")  # the labels.csv columns the scan parses
 
 
 @dataclass
@@ -86,6 +87,62 @@ class QualityScan:
                 heapq.heappush(heap, item)
             elif item[:2] > heap[0][:2]:
                 heapq.heapreplace(heap, item)
+
+    def offer_batch(self, rows: list[dict[str, str]], classes: list[list[tuple[int, str]]]) -> None:
+        """``offer`` each of ``rows`` with its ``classes``, column by column: the signals parsed by numpy and summed
+        per class with ``bincount``; only flagged rows are looked at one by one."""
+        import numpy as np
+
+        try:  # an empty or absent cell (an image not measured, a version from before 0.7.0) is NaN here
+            table = np.array([[row.get(name) or "nan" for name in _COLUMNS] for row in rows], dtype=np.float64)
+        except ValueError:  # not numbers: row by row, as ``offer`` takes them
+            for row, row_classes in zip(rows, classes, strict=True):
+                self.offer(row, row_classes)
+            return
+        measured = ~np.isnan(table).any(axis=1)
+        if not measured.all():
+            self.unmeasured += int((~measured).sum())
+            keep = np.flatnonzero(measured).tolist()
+            rows, classes, table = [rows[i] for i in keep], [classes[i] for i in keep], table[measured]
+        if not rows:
+            return
+        values = np.concatenate([table[:, :4], table[:, 4:5] * table[:, 5:6]], axis=1)  # _SUMMED's order
+        places: list[int] = []  # a row's place, once for each of its classes below max_classes
+        ids: list[int] = []
+        for place, row_classes in enumerate(classes):
+            for cid, name in row_classes:
+                if cid < self.max_classes:
+                    places.append(place)
+                    ids.append(cid)
+                    if cid not in self.classes:
+                        self.classes[cid] = (name, ClassQuality())
+        if ids:
+            unique, inverse = np.unique(np.array(ids), return_inverse=True)
+            taken = values[places]
+            counts = np.bincount(inverse, minlength=len(unique))
+            sums = [np.bincount(inverse, weights=taken[:, j], minlength=len(unique)) for j in range(len(_SUMMED))]
+            for k, cid in enumerate(unique.tolist()):
+                stats = self.classes[cid][1]
+                stats.records += int(counts[k])
+                stats.sums = [a + float(column[k]) for a, column in zip(stats.sums, sums, strict=True)]
+        for place, row in enumerate(rows):
+            cell = row.get("quality")
+            flags = parse_flags(cell) if cell else []
+            if not flags:
+                continue
+            self.flags.update(flags)
+            for cid, _ in classes[place]:
+                if cid < self.max_classes:
+                    self.classes[cid][1].flags.update(flags)
+            signals = {**dict(zip(_SUMMED[:4], values[place, :4].tolist(), strict=True)),
+                       "width": float(table[place, 4]), "height": float(table[place, 5])}
+            for flag in flags:
+                heap = self.worst.setdefault(flag, [])
+                item = (-_BADNESS[flag](signals), row["sha256"], row)
+                if len(heap) < WORST:
+                    heapq.heappush(heap, item)
+                elif item[:2] > heap[0][:2]:
+                    heapq.heapreplace(heap, item)
 
     def skews(self) -> list[str]:
         """One sentence per class that differs from the other classes together (see ``SKEW``)."""

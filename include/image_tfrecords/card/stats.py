@@ -12,9 +12,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import heapq
+import itertools
 import json
 from collections import Counter
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ Rows = Callable[[], Iterable[dict[str, str]]]
 SAMPLES = 6
 EXAMPLES, REJECT_EXAMPLES = 10, 20
 PAIR_CLASSES = 1000  # pairs of classes are counted among at most this many classes (<= 499,500 pairs)
+SCAN_BATCH = 4096  # rows the card's pass handles together (column by column, bounded memory)
 
 
 def row_classes(row: dict[str, str], separator: str | None) -> list[tuple[int, str]]:
@@ -60,17 +62,42 @@ class SamplePicker:
 
     def offer(self, row: dict[str, str], cid: int, name: str) -> None:
         """Offer ``row`` as a sample of class ``cid`` (a multi-label row is offered once for each class)."""
-        picks = self.by_class.get(cid)
-        if picks is None:
-            if len(self.by_class) >= self.max_classes:
-                if cid > self._worst:
-                    return
-                del self.by_class[self._worst]
-                del self.names[self._worst]
-            picks = self.by_class[cid] = Smallest(self.keep)
-            self.names[cid] = name
-            self._worst = max(self.by_class)
-        picks.offer((row["sha256"], row["filename"]), row)
+        self.offer_batch([row], [[(cid, name)]])
+
+    def offer_batch(self, rows: list[dict[str, str]], classes: list[list[tuple[int, str]]]) -> None:
+        """Offer each of ``rows`` under each of its ``classes`` (same order): one merge per class and batch,
+        not a call per row. What is kept does not depend on how the rows were batched or ordered."""
+        groups: dict[int, list[tuple[tuple[str, str], dict[str, str]]]] = {}
+        names: dict[int, str] = {}
+        for row, row_classes in zip(rows, classes, strict=True):
+            for cid, name in row_classes:
+                group = groups.get(cid)
+                if group is None:
+                    group = groups[cid] = []
+                    names[cid] = name
+                group.append(((row["sha256"], row["filename"]), row))
+        for cid in sorted(groups):
+            picks = self.by_class.get(cid)
+            if picks is None:
+                if len(self.by_class) >= self.max_classes:
+                    if cid > self._worst:
+                        continue
+                    del self.by_class[self._worst]
+                    del self.names[self._worst]
+                picks = self.by_class[cid] = Smallest(self.keep)
+                self.names[cid] = names[cid]
+                self._worst = max(self.by_class)
+            picks.items = heapq.nsmallest(picks.k, picks.items + groups[cid], key=_first)
+
+
+def _first(item: tuple[Any, Any]) -> Any:
+    return item[0]
+
+
+def _batches(rows: Iterable[dict[str, str]], size: int) -> Iterator[list[dict[str, str]]]:
+    iterator = iter(rows)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
 
 
 def _hash8(text: str) -> bytes:
@@ -118,30 +145,37 @@ class LabelScan:
            watchers: Iterable[Any] = ()) -> LabelScan:
         """``separator``: multi-label rows (None: single-label); ``pairs``: count pairs of classes (multi-label);
         ``labelsets``: with ``hashes``, also hash each record's classes (to find relabelled images);
-        ``watchers``: objects offered each row and its classes in the same pass (``offer(row, classes)``: the
-        quality and near-duplicate sections)."""
+        ``watchers``: objects offered the rows and their classes in the same pass, a batch of ``SCAN_BATCH`` rows at
+        a time (``offer_batch(rows, classes)``: the quality and near-duplicate sections)."""
         watchers = list(watchers)
         scan = cls(hashed_labelsets=hashes and labelsets)
-        for row in rows:
-            split = row["split"]
-            classes = row_classes(row, separator)
-            scan.records[split] += 1
-            for cid, name in classes:
-                scan.counts[name, split] += 1
-                scan.ids.setdefault(name, cid)
-                if picker is not None:
-                    picker.offer(row, cid, name)
+        for batch in _batches(rows, SCAN_BATCH):
+            classes = [row_classes(row, separator) for row in batch]
+            splits = [row["split"] for row in batch]
+            scan.records.update(splits)
+            if separator is None:  # one class a row: counted by Counter's C loop
+                firsts = [these[0] for these in classes]
+                scan.counts.update(zip([name for _, name in firsts], splits, strict=True))
+                for cid, name in dict.fromkeys(firsts):
+                    scan.ids.setdefault(name, cid)
+            else:
+                for these, split in zip(classes, splits, strict=True):
+                    for cid, name in these:
+                        scan.counts[name, split] += 1
+                        scan.ids.setdefault(name, cid)
+                    scan.sizes[len(these), split] += 1
+                    if pairs:
+                        _pairs(scan.pairs, these, None)
+            if picker is not None:
+                picker.offer_batch(batch, classes)
             for watcher in watchers:
-                watcher.offer(row, classes)
-            if separator is not None:
-                scan.sizes[len(classes), split] += 1
-                if pairs:
-                    _pairs(scan.pairs, classes, None)
+                watcher.offer_batch(batch, classes)
             if hashes:
-                scan.names += _hash8(row["filename"])
-                scan.contents += _hash8(row["filename"] + "\0" + row["sha256"])
+                scan.names += b"".join([_hash8(row["filename"]) for row in batch])
+                scan.contents += b"".join([_hash8(row["filename"] + "\0" + row["sha256"]) for row in batch])
                 if labelsets:
-                    scan.labelsets += _labelset_hash(row["filename"], classes)
+                    scan.labelsets += b"".join([_labelset_hash(row["filename"], these)
+                                                for row, these in zip(batch, classes, strict=True)])
         return scan
 
     def dump(self, labels_sha256: str) -> bytes:

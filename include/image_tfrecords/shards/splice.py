@@ -63,27 +63,54 @@ def can_splice(cfg: BuildConfig, origin: dict[str, Any]) -> bool:
     return origin.get("runs") is not None and cfg.compression == "none"
 
 
-def _index(data: bytes, num_records: int) -> list[tuple[int, int]]:
-    """The ``(start, length)`` of each record of a ``.tfindex``; DamagedBase unless it lists ``num_records``
-    contiguous records."""
+def _index(data: bytes, num_records: int) -> tuple[Any, Any]:
+    """The starts and lengths (numpy arrays) of the records of a ``.tfindex``; DamagedBase unless it lists
+    ``num_records`` contiguous records, one ``start length`` line each. Parsed as columns: at 100,000
+    records a night reads every base index."""
+    import numpy as np
+
     try:
-        entries = [(int(a), int(b)) for a, b in (line.split() for line in data.decode().splitlines())]
-    except ValueError:
+        table = np.array(data.split(), dtype=np.int64)
+    except (ValueError, OverflowError):
         raise DamagedBase("its .tfindex does not parse") from None
-    if len(entries) != num_records or any(entries[i + 1][0] != a + b for i, (a, b) in enumerate(entries[:-1])) \
-            or (entries and entries[0][0] != 0):
+    if data.count(b"\n") != num_records or len(table) != 2 * num_records:
+        raise DamagedBase("its .tfindex does not parse")
+    starts, lengths = table[0::2], table[1::2]
+    if num_records and (starts[0] != 0 or (starts[1:] != starts[:-1] + lengths[:-1]).any() or (lengths < 16).any()):
         raise DamagedBase("its .tfindex does not list its records end to end")
-    return entries
+    return starts, lengths
 
 
-def _check_framing(view: memoryview, entries: list[tuple[int, int]], runs: list[list[int]]) -> None:
-    """Each kept record's length field agrees with the index and carries its CRC."""
-    for start, stop in runs:
-        for offset, length in entries[start:stop]:
-            header = bytes(view[offset:offset + HEADER])  # a copy: no view of the map outlives the check
-            if len(header) < HEADER or int.from_bytes(header[:8], "little") + 16 != length or \
-                    masked_crc(header[:8]) != int.from_bytes(header[8:], "little"):
-                raise DamagedBase(f"the record at byte {offset} is not framed as its .tfindex says")
+def _kept(runs: list[list[int]]) -> Any:
+    """The numbers of the kept records (``runs`` of ``[start, stop)``), as one numpy array."""
+    import numpy as np
+
+    return np.concatenate([np.arange(start, stop, dtype=np.int64) for start, stop in runs]) if runs else \
+        np.zeros(0, dtype=np.int64)
+
+
+def _check_framing(view: memoryview, starts: Any, lengths: Any, kept: Any) -> None:
+    """Each kept record's length field agrees with the index and carries its CRC: the headers are gathered and
+    compared as columns, and the CRCs taken in one loop with no per-record Python beyond the call."""
+    import numpy as np
+
+    if not len(kept):
+        return
+    offsets = starts[kept]
+    raw = np.frombuffer(view, dtype=np.uint8)
+    try:
+        headers = raw[offsets[:, None] + np.arange(HEADER)]  # a copy: no view of the map outlives the check
+    finally:
+        del raw
+    sizes = headers[:, :8].copy().view("<u8").ravel()
+    bad = np.flatnonzero(sizes.astype(np.int64) + 16 != lengths[kept])
+    if not len(bad):
+        stored = headers[:, 8:].copy().view("<u4").ravel().tolist()
+        fields = headers[:, :8].tobytes()
+        crcs = [masked_crc(fields[i:i + 8]) for i in range(0, len(fields), 8)]
+        bad = np.flatnonzero(np.array(crcs, dtype=np.int64) != np.array(stored, dtype=np.int64))
+    if len(bad):
+        raise DamagedBase(f"the record at byte {int(offsets[bad[0]])} is not framed as its .tfindex says")
 
 
 def splice_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],
@@ -120,10 +147,12 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
     index_data = storage.read_bytes(layout.index_file(old))
     if origin.get("index_sha256") and hashlib.sha256(index_data).hexdigest() != origin["index_sha256"]:
         raise DamagedBase("its .tfindex is not the one its version published")
-    entries = _index(index_data, origin["num_records"])
-    if any(not 0 <= start < stop <= len(entries) for start, stop in runs) or \
+    starts, lengths = _index(index_data, origin["num_records"])
+    if any(not 0 <= start < stop <= len(starts) for start, stop in runs) or \
             any(a[1] > b[0] for a, b in itertools.pairwise(runs)):
         raise DamagedBase("the places its labels.csv gives are not records of it")
+    ends = (starts + lengths).tolist()
+    first_bytes = starts.tolist()
     schema = staged_schema(cfg, storage)
     with ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
@@ -134,7 +163,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             base_tag = storage.download(old, base_path)
         base = stack.enter_context(open(base_path, "rb"))
         size = os.fstat(base.fileno()).st_size
-        if size != origin["num_bytes"] or (entries and entries[-1][0] + entries[-1][1] != size):
+        if size != origin["num_bytes"] or (ends and ends[-1] != size):
             raise DamagedBase(f"it holds {size} bytes, its version published {origin['num_bytes']}")
         view = memoryview(stack.enter_context(mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ))) \
             if size else memoryview(b"")
@@ -143,20 +172,21 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         hashing = threading.Thread(target=base_digest.update, args=(view,))  # the other core: the base's digest
         hashing.start()
         try:
-            _check_framing(view, entries, runs)
+            _check_framing(view, starts, lengths, _kept(runs))
             new_digest = hashlib.sha256()
             offsets: list[tuple[int, int]] = []
             out = stack.enter_context(open(path, "w+b"))
             written = 0
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
-                first, last = entries[start][0], entries[stop - 1][0] + entries[stop - 1][1]
+                first, last = first_bytes[start], ends[stop - 1]
                 new_digest.update(view[first:last])
                 if remote:
                     segments.append(Segment(last - first, _reader(base.fileno(), first), old, first))
                 else:
                     _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
-                offsets += [(written + a - first, b) for a, b in entries[start:stop]]
+                offsets += zip((starts[start:stop] + (written - first)).tolist(), lengths[start:stop].tolist(),
+                               strict=True)
                 written += last - first
         finally:
             hashing.join()
