@@ -45,10 +45,12 @@ class PeakSampler(threading.Thread):
     """Samples the VmHWM of a process and its descendants every ``interval`` seconds (from its start).
 
     Not ``wait4``'s ``ru_maxrss``: that counts the parent's memory copied at fork (before exec),
-    so every small child of a large harness would look as large as the harness.
+    so every small child of a large harness would look as large as the harness. VmHWM is the kernel's
+    high-water mark, so a sample every 0.1 s misses only a process that lives less than that; listing the
+    descendants costs about 2.5 ms, which every 20 ms took 13% of a core from the build measured.
     """
 
-    def __init__(self, pid: int, interval: float = 0.02) -> None:
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
         super().__init__(daemon=True)
         self.pid, self.interval, self.peak = pid, interval, 0.0
         self.done = threading.Event()

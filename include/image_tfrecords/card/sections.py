@@ -397,44 +397,81 @@ def split_names(manifest: Manifest) -> list[str]:
     return ordered_splits(names)
 
 
-def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterable[dict[str, str]]],
-               rejects: Callable[[], Iterable[dict[str, str]]],
-               previous: PreviousVersion | None,
-               fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "",
-               near_rows: Callable[[], Iterable[dict[str, str]]] | None = None,
-               previous_strip: Callable[[str, list[str]], bytes | None] = lambda _path, _key: None) -> dict[str, bytes]:
-    """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``."""
+@dataclass
+class LabelFacts:
+    """What the card's one pass over labels.csv (with rejects.csv and near_duplicates.csv) and its diff against
+    the previous version learn: all the card shows that the manifest does not give. ``separator``,
+    ``classes`` (how many) and ``previous_version`` are what the pass assumed of the manifest."""
+
+    separator: str | None
+    classes: int
+    previous_version: str | None
+    scan: LabelScan
+    picker: SamplePicker
+    quality: QualityScan
+    near: NearDuplicateView
+    rejects: tuple[Counter[str], list[tuple[str, str, str]]]
+    old: LabelScan | None = None  # the previous version's scan (None: no previous version)
+    diff: Diff | None = None
+
+
+def scan_labels(separator: str | None, classes: int, labels: Callable[[], Iterable[dict[str, str]]],
+                rejects: Callable[[], Iterable[dict[str, str]]], previous: PreviousVersion | None,
+                near_rows: Callable[[], Iterable[dict[str, str]]] | None = None) -> LabelFacts:
+    """The card's pass over the rows (the costly part of a card: the command line runs it beside the writing of
+    the shards, before the manifest exists) for a version with ``classes`` classes and ``separator``."""
     picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
-    manifest = as_manifest(manifest)
     old_manifest = as_manifest(previous.manifest) if previous is not None else None
-    separator = separator_of(manifest)
     old_separator = separator_of(old_manifest) if old_manifest is not None else None
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
-    few = len(manifest.classes) <= PAIR_CLASSES
+    few = classes <= PAIR_CLASSES
     quality = QualityScan(SAMPLE_CLASSES)
     near = NearDuplicateView.of(near_rows() if near_rows is not None else [])
     scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
                         pairs=separator is not None and few, labelsets=relabels, watchers=(quality, near))
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
         scan.count_pairs(labels(), separator, PAIR_CLASSES)
+    facts = LabelFacts(separator, classes, old_manifest.version if old_manifest is not None else None, scan,
+                       picker, quality, near, scan_rejects(rejects()))
+    if previous is not None and old_manifest is not None:
+        old = previous.scan
+        if old is None or (relabels and not old.hashed_labelsets):
+            old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
+        facts.old, facts.diff = old, diff_versions(scan, labels, old, previous.labels)
+    return facts
+
+
+def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterable[dict[str, str]]],
+               rejects: Callable[[], Iterable[dict[str, str]]],
+               previous: PreviousVersion | None,
+               fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "",
+               near_rows: Callable[[], Iterable[dict[str, str]]] | None = None,
+               previous_strip: Callable[[str, list[str]], bytes | None] = lambda _path, _key: None,
+               facts: LabelFacts | None = None) -> dict[str, bytes]:
+    """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``.
+    ``facts``: ``scan_labels`` of the same rows, made earlier (scanned again unless it assumed this manifest)."""
+    manifest = as_manifest(manifest)
+    old_manifest = as_manifest(previous.manifest) if previous is not None else None
+    separator = separator_of(manifest)
+    assumed = (separator, len(manifest.classes), old_manifest.version if old_manifest is not None else None)
+    if facts is None or (facts.separator, facts.classes, facts.previous_version) != assumed:
+        facts = scan_labels(separator, len(manifest.classes), labels, rejects, previous, near_rows)
+    scan = facts.scan
     card = Card(manifest, split_names(manifest), scan, fetch_image, previous_strip)
     card.header()
     card.records()
     if separator is not None:
         card.label_sets()
         card.cooccurrence()
-    card.samples(picker)
-    card.quality(quality)
-    card.blocks += near_duplicate_blocks(near, int(manifest.params.get("near_duplicate_bits") or 0), card.strip)
-    card.rejects(*scan_rejects(rejects()))
+    card.samples(facts.picker)
+    card.quality(facts.quality)
+    card.blocks += near_duplicate_blocks(facts.near, int(manifest.params.get("near_duplicate_bits") or 0), card.strip)
+    card.rejects(*facts.rejects)
     card.shards()
-    if previous is None or old_manifest is None:
+    if old_manifest is None or facts.old is None or facts.diff is None:
         card.first_version()
     else:
-        old = previous.scan
-        if old is None or (relabels and not old.hashed_labelsets):
-            old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
-        card.changes(old_manifest, old, diff_versions(scan, labels, old, previous.labels))
+        card.changes(old_manifest, facts.old, facts.diff)
     card.blocks += pending_blocks()  # the gate stage puts its verdict here
     card.params()
     title = f"Dataset card: {manifest.dataset} {manifest.version}"
@@ -443,5 +480,3 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
             **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256),
             STRIPS_FILE: json.dumps({"image": manifest.raw.get("image"), "strips": card.strip_keys},
                                     sort_keys=True, separators=(",", ":")).encode()}
-
-

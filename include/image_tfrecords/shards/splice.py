@@ -7,7 +7,8 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
 
 * the base shard is read once (mapped), to prove it is the one its version published (its SHA-256,
   against the base manifest's) and to hash the new shard's kept bytes (the new shard's digest is
-  taken in that same pass, then over the new records);
+  taken in that same pass, then over the new records); the bytes before the first record the night
+  drops are the same in both, and are hashed once (the new digest starts from a copy of that state);
 * each kept record's framing is checked against the base index (length and its CRC);
 * the bytes are copied by the kernel (``os.copy_file_range``: a reflink where the file system can);
 * the new records are made from the source and checked in full as any written record (parsed,
@@ -168,19 +169,30 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         view = memoryview(stack.enter_context(mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ))) \
             if size else memoryview(b"")
         stack.callback(view.release)
-        base_digest = hashlib.sha256()
-        hashing = threading.Thread(target=base_digest.update, args=(view,))  # the other core: the base's digest
+        # The base's digest on the other core. Up to the first record the night drops, the new shard's bytes are the
+        # base's: that prefix is hashed once, and the new digest starts from a copy of its state.
+        prefix = ends[runs[0][1] - 1] if runs and runs[0][0] == 0 else 0
+        base_digest, after_prefix = hashlib.sha256(), threading.Event()
+        shared: list[Any] = []
+
+        def hash_base() -> None:
+            try:
+                base_digest.update(view[:prefix])
+                shared.append(base_digest.copy())
+            finally:
+                after_prefix.set()
+            base_digest.update(view[prefix:])
+
+        hashing = threading.Thread(target=hash_base)
         hashing.start()
         try:
             _check_framing(view, starts, lengths, _kept(runs))
-            new_digest = hashlib.sha256()
             offsets: list[tuple[int, int]] = []
             out = stack.enter_context(open(path, "w+b"))
             written = 0
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
                 first, last = first_bytes[start], ends[stop - 1]
-                new_digest.update(view[first:last])
                 if remote:
                     segments.append(Segment(last - first, _reader(base.fileno(), first), old, first))
                 else:
@@ -188,6 +200,13 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 offsets += zip((starts[start:stop] + (written - first)).tolist(), lengths[start:stop].tolist(),
                                strict=True)
                 written += last - first
+            after_prefix.wait()
+            if not shared:
+                raise BuildError(f"hashing {old} failed")
+            new_digest = shared[0]
+            for start, stop in runs:
+                if ends[stop - 1] > prefix:
+                    new_digest.update(view[max(first_bytes[start], prefix):ends[stop - 1]])
         finally:
             hashing.join()
         if base_digest.hexdigest() != origin["sha256"]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -48,7 +48,7 @@ from ..staging import (
     no_progress,
 )
 from ..storage import Storage, is_s3
-from .card import card_stage
+from .card import card_facts, card_stage
 from .discover import discard_stage, discover_stage
 from .gate import approve_gate, gate_stage
 from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
@@ -141,7 +141,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                  progress: ProgressFactory = _silent, force: bool = False,
                  before_publish: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Run every stage of ``PIPELINE`` in this process; per-image work goes to ``pool`` (``workers`` processes;
-    None: ``workers`` threads here, one meaning everything on this thread).
+    None: ``workers`` threads here, one meaning everything on this thread). With a pool, the card's pass over the
+    rows (``card_facts``) runs on a thread of this process while the pool writes the shards: this process only
+    waits for them then, and the card stage is left with rendering.
 
     When the source listing and params are those of the previous published version, nothing is
     built (the staging is dropped) unless ``force`` or ``cfg.full``: returns ``{"unchanged_since": VERSION, ...}``.
@@ -153,33 +155,39 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    for stage in PIPELINE:
-        if stage.run is publish_stage:
-            before_publish()
-        started = time.perf_counter()
-        if stage.per_shard:
-            shards = all_shards(cfg, storage)
-            with progress(stage.name, results["plan"]["records_to_write"]) as done:
-                if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
-                    for shard in shards:  # one at a time, each shard's records made by the whole pool
-                        stage.run(cfg, storage, shard, done, read_workers=workers, processes=pool)
-                else:  # a shard per process (4 threads each for S3's latency; one locally), or all here
-                    mapper = pool.map if pool is not None else map
-                    threads = (4 if is_s3(cfg.source) else 1) if pool is not None else workers
-                    for result in mapper(partial(stage.run, cfg, storage, read_workers=threads), shards):
-                        done(result["num_records"])
-        elif stage.per_image:
-            with progress(stage.name, results["discover"]["candidates"]) as done:
-                results[stage.name] = stage.run(cfg, storage, workers=workers, progress=done,
-                                                processes=pool if pool is not None and workers > 1 else None)
-        else:
-            results[stage.name] = stage.run(cfg, storage)
-        seconds[stage.name] = round(time.perf_counter() - started, 3)
-        unchanged = results.get("discover", {}).get("unchanged_since")
-        if stage.run is discover_stage and unchanged and not (force or cfg.full):
-            discard_stage(cfg, storage)
-            return {"unchanged_since": unchanged, "version": unchanged}
-        if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
-            lines = results["gate"]["report"]
-            raise GateTripped(f"{lines[0]}: nothing was published", "\n".join(lines))
+    with ThreadPoolExecutor(1, thread_name_prefix="card") as beside:
+        card_ahead: Future[Any] | None = None
+        for stage in PIPELINE:
+            if stage.run is publish_stage:
+                before_publish()
+            started = time.perf_counter()
+            if stage.per_shard:
+                shards = all_shards(cfg, storage)
+                with progress(stage.name, results["plan"]["records_to_write"]) as done:
+                    if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
+                        for shard in shards:  # one at a time, each shard's records made by the whole pool
+                            stage.run(cfg, storage, shard, done, read_workers=workers, processes=pool)
+                    else:  # a shard per process (4 threads each for S3's latency; one locally), or all here
+                        mapper = pool.map if pool is not None else map
+                        threads = (4 if is_s3(cfg.source) else 1) if pool is not None else workers
+                        for result in mapper(partial(stage.run, cfg, storage, read_workers=threads), shards):
+                            done(result["num_records"])
+            elif stage.per_image:
+                with progress(stage.name, results["discover"]["candidates"]) as done:
+                    results[stage.name] = stage.run(cfg, storage, workers=workers, progress=done,
+                                                    processes=pool if pool is not None and workers > 1 else None)
+            elif stage.run is card_stage:
+                results[stage.name] = stage.run(cfg, storage, facts=card_ahead.result() if card_ahead else None)
+            else:
+                results[stage.name] = stage.run(cfg, storage)
+            seconds[stage.name] = round(time.perf_counter() - started, 3)
+            if stage.run is plan_stage and pool is not None:  # the card's pass over the rows, beside the writing
+                card_ahead = beside.submit(card_facts, cfg, storage)
+            unchanged = results.get("discover", {}).get("unchanged_since")
+            if stage.run is discover_stage and unchanged and not (force or cfg.full):
+                discard_stage(cfg, storage)
+                return {"unchanged_since": unchanged, "version": unchanged}
+            if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
+                lines = results["gate"]["report"]
+                raise GateTripped(f"{lines[0]}: nothing was published", "\n".join(lines))
     return {**results["publish"], "stage_seconds": seconds, "gate": results["gate"]["verdict"]}

@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import BuildConfig
 from ..errors import DamagedFile
@@ -15,9 +15,12 @@ from ..progress import log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..source.reading import read_source
-from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, staged
+from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json, read_rows, write_json
+
+if TYPE_CHECKING:
+    from ..card.sections import LabelFacts
 
 
 def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
@@ -32,9 +35,27 @@ def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
     return rows
 
 
+def card_facts(cfg: BuildConfig, storage: Storage) -> LabelFacts:
+    """The card's pass over the staged rows and its diff against the previous version (``scan_labels``), which
+    needs no manifest: possible once plan has staged labels.csv. The command line runs it on a thread beside
+    the shards' writing (which keeps the pool's processes busy), so that the card stage only renders."""
+    from ..card.sections import scan_labels
+
+    summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
+    separator = cfg.label_separator if summary.get("multi_label") else None
+    return scan_labels(separator, len(summary["classes"]), _rows(storage, staged(cfg, LABELS)),
+                       _rows(storage, staged(cfg, REJECTS)), _previous(cfg, storage, summary["previous_version"]),
+                       _near_rows(cfg, storage))
+
+
+def _near_rows(cfg: BuildConfig, storage: Storage) -> Callable[[], Iterator[dict[str, str]]] | None:
+    return _rows(storage, staged(cfg, NEAR_DUPLICATES)) if storage.exists(staged(cfg, NEAR_DUPLICATES)) else None
+
+
 @summarized
-def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
-    """Render the card into staging (``card-files/``, listed in ``card-files.json``)."""
+def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = None) -> dict[str, Any]:
+    """Render the card into staging (``card-files/``, listed in ``card-files.json``); ``facts``: ``card_facts``,
+    when made already."""
     from ..card.sections import build_card
 
     manifest = Manifest.parse(read_json(storage, staged(cfg, MANIFEST)), staged(cfg, MANIFEST))
@@ -52,9 +73,8 @@ def card_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 
     files = build_card(manifest, _rows(storage, staged(cfg, LABELS)), _rows(storage, staged(cfg, REJECTS)),
                        previous, fetch_image, labels_sha256=storage.sha256_of(staged(cfg, LABELS)) or "",
-                       near_rows=_rows(storage, staged(cfg, NEAR_DUPLICATES)) if storage.exists(
-                           staged(cfg, NEAR_DUPLICATES)) else None,
-                       previous_strip=_previous_strips(cfg, storage, manifest))
+                       near_rows=_near_rows(cfg, storage), previous_strip=_previous_strips(cfg, storage, manifest),
+                       facts=facts)
     for name in sorted(files):
         storage.write_bytes(staged(cfg, CARD, name), files[name])
     write_json(storage, staged(cfg, CARD_INDEX), sorted(files))
