@@ -48,6 +48,7 @@ from ..staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progres
 from ..storage import Storage, is_s3, join
 from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
+from ..storage.writeback import start_writeback
 from .checks import match_member, member_rows, record_facts, set_digest
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
@@ -200,6 +201,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 offsets += zip((starts[start:stop] + (written - first)).tolist(), lengths[start:stop].tolist(),
                                strict=True)
                 written += last - first
+            if not remote:  # the disk writes the kept bytes while this process hashes
+                start_writeback(out.fileno(), 0, written)
             after_prefix.wait()
             if not shared:
                 raise BuildError(f"hashing {old} failed")

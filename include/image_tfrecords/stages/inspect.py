@@ -64,6 +64,10 @@ TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
 DONE_FIELDS = ("number", "label", *INSPECTION_FIELDS)
 REASON = DONE_FIELDS.index("reason")
 REJECT_COLUMNS = [DONE_FIELDS.index(name) for name in REJECTS_FIELDS]
+# What inspecting the first image imports (the thumbnails' measurements need numpy, split needs it here too; Pillow
+# imports its common format plugins on its first open): imported before the pool forks, every worker shares them
+INSPECTION_MODULES = ("numpy", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", "PIL.GifImagePlugin",
+                      "PIL.BmpImagePlugin", "PIL.PpmImagePlugin", "PIL.ImageChops")
 
 
 def _todo(chunk: int) -> str:
@@ -175,7 +179,7 @@ def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], wo
                         yield row
 
         if processes is not None:
-            preload("numpy", "PIL.Image")  # the thumbnails' measurements need both; split needs numpy here
+            preload(*INSPECTION_MODULES)
         fresh = batched_map(inspect, rows(), processes, workers, total=sum(counts)) if processes else \
             ordered_map(inspect, rows(), workers)
         read = rejected = 0
