@@ -6,13 +6,16 @@ Real parts: a local folder, the pipeline's stages, TensorFlow reading what was p
 
 from __future__ import annotations
 
+import csv
 import hashlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
 from image_tfrecords.published import layout
 from image_tfrecords.shards.splice import splice_shard
 from image_tfrecords.shards.writer import rewrite_shard
@@ -56,6 +59,11 @@ def test_a_spliced_shard_is_the_reference_rewrite_byte_for_byte(tmp_path: Path, 
     assert rewrites and all(origin["runs"] for origin in rewrites.values())
     assert any(len(origin["runs"]) > 1 for origin in rewrites.values()), "no shard lost a record in its middle"
     assert any(origin["appended"] for origin in rewrites.values()), "no shard took new records"
+    _splices_are_the_reference(storage, cfg, rewrites)
+
+
+def _splices_are_the_reference(storage: Storage, cfg: BuildConfig, rewrites: dict[str, dict[str, Any]]) -> None:
+    """Each rewritten shard, spliced, is byte for byte the record-by-record reference, with its digest and index."""
     for shard, origin in sorted(rewrites.items()):
         shard_uri = staged(cfg, SHARDS, shard)
         reference = rewrite_shard(cfg, storage, shard, origin, read_workers=1)
@@ -70,6 +78,27 @@ def test_a_spliced_shard_is_the_reference_rewrite_byte_for_byte(tmp_path: Path, 
         assert checked["records_parsed"] == origin["appended"] == checked["num_records"] - origin["kept"]
         assert checked["bytes_copied"] + checked["bytes_written"] == checked["num_bytes"] == len(got[0])
         assert checked["base_bytes_read"] == origin["num_bytes"]
+
+
+def test_splices_that_share_no_prefix_or_all_of_it_with_the_base_are_the_reference(tmp_path: Path) -> None:
+    """The bytes up to a base shard's first dropped record are hashed once for both digests: a shard that loses its
+    first record shares nothing with its base, a shard that only takes new records shares all of it."""
+    storage = Storage()
+    source = base_source(tmp_path, storage, None, per_class=12)
+    dest = str(tmp_path / "out")
+    build(storage, source.uri, dest, "d", "v1")
+    with open(tmp_path / "out" / "d" / "v1" / layout.LABELS, newline="") as f:
+        places = {(row["shard"], int(row["shard_position"])): row["filename"] for row in csv.DictReader(f)}
+    first_of = sorted(shard for shard, place in places if place == 0 and shard.startswith("train"))[0]
+    source.delete(places[first_of, 0])
+    add(source, Images(tmp_path / "new"), "triangles", "n", 2)
+    cfg = config(source.uri, dest, "d", "v2")
+    for stage in stages.PIPELINE[:4]:  # discover, inspect, split, plan
+        stage.run(cfg, storage, **({"workers": 1} if stage.per_image else {}))
+    rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
+    assert [origin["runs"][0][0] for origin in rewrites.values() if origin["file"] == first_of] == [1], rewrites
+    assert any(origin["runs"] == [[0, origin["num_records"]]] and origin["appended"] for origin in rewrites.values())
+    _splices_are_the_reference(storage, cfg, rewrites)
 
 
 def test_a_night_parses_only_its_new_records_and_copies_the_rest(tmp_path: Path) -> None:
