@@ -81,6 +81,8 @@ def check_incremental(data: dict[str, Any], text: str) -> None:
     assert inc["written"]["linked"] > 0 and full["written"]["linked"] == 0
     assert 0 < inc["written"]["shards"] < full["written"]["shards"] and inc["written"]["other"] > 0
     assert inc["seconds"] > 0 and full["seconds"] > 0 and run["speedup"] == full["seconds"] / inc["seconds"]
+    assert run["repeats"] == len(inc["all_seconds"]) == len(full["all_seconds"]) == 3  # medians of 3, taking turns
+    assert inc["seconds"] == sorted(inc["all_seconds"])[1] and full["seconds"] == sorted(full["all_seconds"])[1]
     chain = run["chain"]
     assert [r["night"] for r in chain] == [1, 2, 3, 4, 5, 6] and chain[0]["mode"] == "full"
     assert [r["records"] for r in chain] == [run["images"] + 2 * n for n in range(6)]
