@@ -551,6 +551,24 @@ def two_builds(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     return tmp / "out" / "shapes", second
 
 
+def test_a_card_made_beside_the_writing_is_the_card_made_after_it(two_builds: tuple[Path, Path], sample_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """With a process pool the command line makes the card's pass over the rows on a thread while the shards are
+    written; the published card is the one a build without a pool (the DAG's way: the card stage alone) makes."""
+    dataset, second = two_builds
+    for source, version in ((sample_dir, "v1"), (second, "v2")):
+        result = run_cli("build", "--source", str(source), "--destination", str(tmp_path / "out"), "--dataset",
+                         "shapes", "--version", version, "--shard-size-mb", "0.05", "--workers", "2", "--no-progress")
+        assert result.returncode == 0, result.stderr
+    after, beside = dataset / "v2", tmp_path / "out" / "shapes" / "v2"
+    files = sorted(str(p.relative_to(after)) for p in after.rglob("*") if p.is_file() and (
+        p.name.startswith("card.") or "card" in p.relative_to(after).parts[:1]))
+    assert {"card.md", "card.html", "card/labels-scan.bin"} <= set(files) and any(f.endswith(".png") for f in files)
+    assert "## Changes since the previous version" in (after / "card.md").read_text()
+    for name in files:
+        assert (beside / name).read_bytes() == (after / name).read_bytes(), name
+
+
 def test_card_of_a_real_build(two_builds: tuple[Path, Path], sample_dir: Path) -> None:
     dataset, _ = two_builds
     version = dataset / "v1"

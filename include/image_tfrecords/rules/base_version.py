@@ -266,10 +266,16 @@ def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[s
         yield fields[0], "\x1f".join(fields), values
 
 
-def survivors(storage: Storage, base: Base, records_uri: str, folder: str,
-              fields: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
-    """``(row number in records_uri, base shard file, place in it)`` of every record the base holds byte for
-    byte (the place is -1 when the base's labels.csv does not give it), in row order.
+def record_digest(values: list[str], width: int) -> bytes:
+    """The join digest of a records.csv or labels.csv row whose first ``width`` fields are the build's record
+    fields (as ``_keys`` takes them)."""
+    return _digest("\x1f".join(values[:width]))
+
+
+def survivors(storage: Storage, base: Base, digests: bytes, fields: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
+    """``(row number, base shard file, place in it)`` of every record the base holds byte for byte (the place is
+    -1 when the base's labels.csv does not give it), in row order. ``digests``: the ``record_digest`` of each of
+    this build's records, 16 bytes each, taken by the pass that reads them anyway.
 
     Joins this build's records with the base's labels.csv on the record key (file name and every field
     that decides the record's bytes): a hash join on 128-bit digests of the keys, with the base's shard
@@ -287,8 +293,7 @@ def survivors(storage: Storage, base: Base, records_uri: str, folder: str,
             at = values[place] if place is not None and place < len(values) else ""
             known[_digest(key)] = number << 32 | (int(at) + 1 if at else 0)
     files = list(shards)
-    with read_rows(storage, records_uri) as rows:
-        for number, (_, key, _) in enumerate(_keys(rows, fields)):
-            found = known.get(_digest(key))
-            if found is not None:
-                yield number, files[found >> 32], (found & 0xFFFFFFFF) - 1
+    for number in range(len(digests) // 16):
+        found = known.get(digests[16 * number:16 * number + 16])
+        if found is not None:
+            yield number, files[found >> 32], (found & 0xFFFFFFFF) - 1

@@ -36,7 +36,15 @@ from ..images.transform import planned_bytes
 from ..progress import log, summarized
 from ..records.schema import record_fields, schema_of
 from ..rules import shards as planning
-from ..rules.base_version import COMPACTION_FACTOR, Base, base_of, missing_base_files, survivors, why_not_reuse_shards
+from ..rules.base_version import (
+    COMPACTION_FACTOR,
+    Base,
+    base_of,
+    missing_base_files,
+    record_digest,
+    survivors,
+    why_not_reuse_shards,
+)
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
 from ..storage.documents import csv_field, csv_writer, raw_rows, read_json, read_rows, write_json
@@ -80,11 +88,17 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
         sha, size, split = column["sha256"], column["encoded_bytes"], column["split"]
         shape = [column[name] for name in ("format", "width", "height", "channels")]
         quality = cfg.jpeg_quality
+        fields = record_fields(cfg)
+        if list(column)[:len(fields)] != list(fields):
+            raise BuildError(f"{staged(cfg, RECORDS)} has columns {list(column)}, expected {fields} first")
+        joined = bytearray() if base is not None and not why_full else None  # the join's digest of each record
         for values in rows.reader:  # plain lists: this pass runs over every record
             keys.append(planning.order_key(cfg.salt, values[sha]))
             sizes.append(int(values[size]) if values[size] else
                          planned_bytes("", *(values[i] for i in shape), quality))  # made by the writer
             split_of.append(split_number[values[split]])
+            if joined is not None:
+                joined += record_digest(values, len(fields))
     records = (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
                np.frombuffer(split_of, dtype=np.int8))
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
@@ -92,7 +106,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     layout = None
     with tempfile.TemporaryDirectory() as tmp:
         if base is not None and not why_full:
-            layout = _incremental(cfg, storage, base, splits, records, tmp)
+            layout = _incremental(cfg, storage, base, splits, records, bytes(joined or b""))
             if len(layout.all_files) > COMPACTION_FACTOR * full_count:
                 why_full = (f"compaction: an incremental build would make {len(layout.all_files)} shards, more than "
                             f"{COMPACTION_FACTOR:g}x the {full_count} of a full build")
@@ -161,8 +175,9 @@ def _add_fresh(cfg: BuildConfig, layout: Layout, split: str, rows: Any, keys: An
 
 
 def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[str], records: tuple[Any, Any, Any],
-                 tmp: str) -> Layout:
-    """Reused and rewritten shards of ``base``, then new shards for the records it does not hold."""
+                 digests: bytes) -> Layout:
+    """Reused and rewritten shards of ``base``, then new shards for the records it does not hold (``digests``:
+    each record's join digest, ``record_digest``, taken in plan's pass over records.csv)."""
     import numpy as np
 
     keys, sizes, split_of = records
@@ -171,7 +186,7 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
     index_of = {s.file: i for i, (_, s) in enumerate(base_shards)}
     kept: Counter[int] = Counter()
     layout = _empty_layout(len(keys))
-    for number, shard, position in survivors(storage, base, staged(cfg, RECORDS), tmp, record_fields(cfg)):
+    for number, shard, position in survivors(storage, base, digests, record_fields(cfg)):
         if shard in index_of:
             origin[number] = index_of[shard]
             layout.base_position[number] = position
