@@ -60,10 +60,6 @@ class SamplePicker:
         self.names: dict[int, str] = {}  # class id -> name, for the classes in by_class
         self._worst = -1
 
-    def offer(self, row: dict[str, str], cid: int, name: str) -> None:
-        """Offer ``row`` as a sample of class ``cid`` (a multi-label row is offered once for each class)."""
-        self.offer_batch([row], [[(cid, name)]])
-
     def offer_batch(self, rows: list[dict[str, str]], classes: list[list[tuple[int, str]]]) -> None:
         """Offer each of ``rows`` under each of its ``classes`` (same order): one merge per class and batch,
         not a call per row. What is kept does not depend on how the rows were batched or ordered."""

@@ -259,17 +259,22 @@ def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[s
     if columns == list(range(len(fields))):  # labels.csv and records.csv: the record's fields first
         width = len(fields)
         for values in rows.reader:
-            yield values[0], "\x1f".join(values[:width]), values
+            yield values[0], _join_key(values[:width]), values
         return
     for values in rows.reader:
         fields = ["" if i is None or i >= len(values) else values[i] for i in columns]
-        yield fields[0], "\x1f".join(fields), values
+        yield fields[0], _join_key(fields), values
+
+
+def _join_key(fields: list[str]) -> str:
+    """A record's join key: its record fields, in the build's order."""
+    return "\x1f".join(fields)
 
 
 def record_digest(values: list[str], width: int) -> bytes:
     """The join digest of a records.csv or labels.csv row whose first ``width`` fields are the build's record
     fields (as ``_keys`` takes them)."""
-    return _digest("\x1f".join(values[:width]))
+    return _digest(_join_key(values[:width]))
 
 
 def survivors(storage: Storage, base: Base, digests: bytes, fields: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
