@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from image_tfrecords.rules.splits import DuplicateResolver, assign_split, unit_hash
+from image_tfrecords.rules.splits import DuplicateResolver, assign_split, split_assigner, unit_hash, unit_hasher
 
 SPLITS = {"train": 0.7, "validation": 0.2, "test": 0.1}
 
@@ -172,3 +172,14 @@ def test_a_group_value_keys_the_split_whatever_the_content() -> None:
     assert by_group == set(splits)  # groups spread over every split
     assert [assign_split(sha, "s", splits, "") for sha in shas] == [assign_split(sha, "s", splits) for sha in shas]
     assert {assign_split(shas[0], salt, splits, "p1") for salt in map(str, range(50))} == set(splits)
+
+
+@pytest.mark.parametrize("splits", [SPLITS, {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, {"only": 1.0}])
+def test_split_assigner_gives_assign_splits_answers(splits: dict[str, float]) -> None:
+    split_of = split_assigner("salt", splits)
+    assert [split_of(h) for h in HASHES] == [assign_split(h, "salt", splits) for h in HASHES]
+
+
+def test_unit_hasher_is_unit_hash_of_its_prefix() -> None:
+    point = unit_hasher("order", "s\u00e9l")
+    assert [point(h) for h in HASHES[:500]] == [unit_hash("order", "s\u00e9l", h) for h in HASHES[:500]]

@@ -21,6 +21,7 @@ import csv
 import hashlib
 import mmap
 import os
+from array import array
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
 from ..storage import Storage, join
-from ..storage.documents import raw_rows, read_rows
+from ..storage.documents import list_rows, raw_rows, read_rows
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
 INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",
@@ -188,23 +189,35 @@ class Inspections:
     def __init__(self, storage: Storage, discovered: str, known: dict[bytes, int] | None = None,
                  spill: _Spill | None = None) -> None:
         self._storage, self._discovered, self._known, self._spill = storage, discovered, known, spill
+        self._found: array[int] | None = None  # each row's match (-1: none), once a pass has looked all up
 
     def all(self) -> Iterator[tuple[list[str], str | None]]:
         """Each discovered row's values (``DISCOVERED_FIELDS``) and the base's inspection of it (its
         inspected.csv row's text, ``INSPECTION_FIELDS``), or None: plain lists and text, as this runs over
         every file."""
-        with read_rows(self._storage, self._discovered) as rows:
-            _check_header(rows.fieldnames, self._discovered)
-            for values in rows.reader:
-                where = self._lookup(values)
-                yield values, (None if where is None else self._spill.get(where))  # type: ignore[union-attr]
+        for values, where in self._matched():
+            yield values, (None if where < 0 else self._spill.get(where))  # type: ignore[union-attr]
 
     def unread(self) -> Iterator[dict[str, str]]:
+        for values, where in self._matched():
+            if where < 0:
+                yield dict(zip(DISCOVERED_FIELDS, values, strict=False))
+
+    def _matched(self) -> Iterator[tuple[list[str], int]]:
+        """Each discovered row's values and where the base's inspection of it is (-1: none). The first pass
+        to read every row looks them up and keeps the answers (8 bytes a row) for the passes after it."""
+        found, known = self._found, array("q")
         with read_rows(self._storage, self._discovered) as rows:
             _check_header(rows.fieldnames, self._discovered)
-            for values in rows.reader:
-                if self._lookup(values) is None:
-                    yield dict(zip(DISCOVERED_FIELDS, values, strict=False))
+            for number, values in enumerate(rows.reader):
+                if found is not None and number < len(found):
+                    yield values, found[number]
+                    continue
+                where = self._lookup(values)
+                known.append(-1 if where is None else where)
+                yield values, known[-1]
+        if found is None:
+            self._found = known
 
     def _lookup(self, values: list[str]) -> int | None:
         """Where the base's inspection of the discovered row ``values`` (filename, label, num_bytes, stamp) is."""
@@ -288,7 +301,7 @@ def survivors(storage: Storage, base: Base, digests: bytes, fields: tuple[str, .
     """
     shards: dict[str, int] = {}
     known: dict[bytes, int] = {}
-    with read_rows(storage, join(base.uri, layout.LABELS)) as rows:
+    with list_rows(storage, join(base.uri, layout.LABELS)) as rows:
         names = rows.fieldnames or []
         shard = names.index("shard") if "shard" in names else None
         place = names.index("shard_position") if "shard_position" in names else None
@@ -298,7 +311,7 @@ def survivors(storage: Storage, base: Base, digests: bytes, fields: tuple[str, .
             at = values[place] if place is not None and place < len(values) else ""
             known[_digest(key)] = number << 32 | (int(at) + 1 if at else 0)
     files = list(shards)
-    for number in range(len(digests) // 16):
-        found = known.get(digests[16 * number:16 * number + 16])
+    each = (digests[at:at + 16] for at in range(0, len(digests) - len(digests) % 16, 16))
+    for number, found in enumerate(map(known.get, each)):
         if found is not None:
             yield number, files[found >> 32], (found & 0xFFFFFFFF) - 1

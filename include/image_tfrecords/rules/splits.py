@@ -42,6 +42,35 @@ def assign_split(sha256: str, salt: str, splits: Mapping[str, float], group: str
     return names[-1]  # float rounding at the top end
 
 
+def unit_hasher(*parts: str) -> Callable[[str], float]:
+    """``unit_hash(*parts, last)`` as a function of ``last``, the prefix encoded once: for passes over
+    every image."""
+    prefix = "\0".join((*parts, "")).encode()
+    sha256, from_bytes = hashlib.sha256, int.from_bytes
+
+    def point(last: str) -> float:
+        return from_bytes(sha256(prefix + last.encode()).digest()[:8], "big") / 2**64
+
+    return point
+
+
+def split_assigner(salt: str, splits: Mapping[str, float]) -> Callable[[str], str]:
+    """``assign_split`` for images without a group, made once for a pass over every image: the same
+    answers, at a third of the cost per image."""
+    unit = unit_hasher("split", salt)
+    names = list(splits)
+    bounds: list[float] = list(itertools.accumulate(splits[name] for name in names))
+
+    def split_of(sha: str) -> str:
+        point = unit(sha)
+        for name, bound in zip(names, bounds):  # noqa: B905 - same lengths
+            if point < bound:
+                return name
+        return names[-1]  # float rounding at the top end
+
+    return split_of
+
+
 class DuplicateResolver:
     """Decide, for files sharing the same bytes, which one becomes the record.
 

@@ -159,6 +159,7 @@ def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: dat
              ) -> Iterator[FileInfo | Candidate]:
     """The listed regular files (FileInfo) and the rejects of what cannot be read (Candidate);
     other kinds are counted as skipped."""
+    s3 = is_s3(source)
     for info in storage.iter_files(source, everything=True):
         if not counts.see(info, cutoff):
             continue
@@ -166,7 +167,7 @@ def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: dat
             yield Candidate(info.key, num_bytes=info.size, reason=info.problem, detail=info.detail)
         elif info.kind != "file":
             counts.skip(info.kind)
-        elif is_s3(source) and (why := bad_key(info.key)):
+        elif s3 and (why := bad_key(info.key)):
             yield Candidate(info.key, num_bytes=info.size, reason="bad_key", detail=why)
         else:
             yield info

@@ -47,7 +47,7 @@ from ..rules.base_version import (
 )
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
-from ..storage.documents import csv_field, csv_writer, raw_rows, read_json, read_rows, write_json
+from ..storage.documents import csv_field, csv_writer, list_rows, raw_rows, read_json, write_json
 
 
 @dataclass
@@ -83,7 +83,8 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     splits = list(summary["splits"])
     keys, sizes, split_of = array("d"), array("q"), array("b")
     split_number = {name: i for i, name in enumerate(splits)}
-    with read_rows(storage, staged(cfg, RECORDS)) as rows:
+    order_key = planning.order_keys(cfg.salt)
+    with list_rows(storage, staged(cfg, RECORDS)) as rows:
         column = {name: i for i, name in enumerate(rows.fieldnames or ())}
         sha, size, split = column["sha256"], column["encoded_bytes"], column["split"]
         shape = [column[name] for name in ("format", "width", "height", "channels")]
@@ -93,7 +94,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
             raise BuildError(f"{staged(cfg, RECORDS)} has columns {list(column)}, expected {fields} first")
         joined = bytearray() if base is not None and not why_full else None  # the join's digest of each record
         for values in rows.reader:  # plain lists: this pass runs over every record
-            keys.append(planning.order_key(cfg.salt, values[sha]))
+            keys.append(order_key(values[sha]))
             sizes.append(int(values[size]) if values[size] else
                          planned_bytes("", *(values[i] for i in shape), quality))  # made by the writer
             split_of.append(split_number[values[split]])

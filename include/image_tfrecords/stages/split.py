@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from ..published.layout import NEAR_DUPLICATES_FIELDS
 from ..published.manifest import Manifest
 from ..records.schema import REJECTS_FIELDS, record_fields
 from ..rules.near_duplicates import Placement, hash_array, place
-from ..rules.splits import DuplicateResolver, assign_split
+from ..rules.splits import DuplicateResolver, assign_split, split_assigner
 from ..staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
@@ -33,7 +34,7 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
-from ..storage.documents import RowWriter, read_json, read_rows, write_json
+from ..storage.documents import RowWriter, list_rows, read_json, read_rows, write_json
 
 
 @summarized
@@ -50,13 +51,12 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     so is the group column's value (``groups.csv``), which keys the split of an image that has one.
     """
     inspected = staged(cfg, IMAGES)
-    with read_rows(storage, inspected) as rows:  # plain lists, not dicts: the passes run over every image
+    with list_rows(storage, inspected) as rows:  # plain lists, not dicts: the passes run over every image
         col = {name: i for i, name in enumerate(rows.fieldnames or ())}
     name, label, sha = col["filename"], col["label"], col["sha256"]
 
     def images() -> Iterator[tuple[str, str, str]]:
-        with read_rows(storage, inspected) as rows:
-            _ = rows.fieldnames
+        with list_rows(storage, inspected) as rows:
             yield from ((v[name], v[label], v[sha]) for v in rows.reader)
 
     resolver = DuplicateResolver(images)
@@ -83,17 +83,19 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     with RowWriter(storage, staged(cfg, RECORDS), fields) as labels, \
             RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects, \
             RowWriter(storage, staged(cfg, NEAR_DUPLICATES), NEAR_DUPLICATES_FIELDS) as near, \
-            read_rows(storage, staged(cfg, METADATA)) as metadata, \
+            list_rows(storage, staged(cfg, METADATA)) as metadata, \
             _group_values(cfg, storage) as group_of:
         for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
             with read_rows(storage, staged(cfg, earlier)) as rows:
                 for row in rows:
                     rejects.write(row)
                     reasons[row["reason"]] += 1
-        with read_rows(storage, inspected) as rows:
+        with list_rows(storage, inspected) as rows:
             if {name: i for i, name in enumerate(rows.fieldnames or ())} != col:  # (reads the header)
                 raise BuildError(f"{inspected} changed while it was read")
-            take = [col.get(field, -1) for field in fields]  # -1: label_id, split and columns, set below
+            # label_id, split and the columns are set below: ``take`` gives them the "" appended to each row
+            take = operator.itemgetter(*(col.get(field, len(col)) for field in fields))
+            split_of, as_inspected = split_assigner(cfg.salt, cfg.splits), opts.is_default
             label_id, split_at = fields.index("label_id"), fields.index("split")
             facts = [fields.index(f) for f in ("width", "height", "channels", "format", "transform",
                                                 "encoded_sha256", "encoded_bytes")]
@@ -112,15 +114,18 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     reasons["low_quality"] += 1
                     continue
                 before = published.get(values[sha])
-                split = placement.split.get(number) or (before[0] if before else "") or assign_split(
-                    values[sha], cfg.salt, cfg.splits, group_of(values[name]))
-                record = [values[i] if i >= 0 else "" for i in take]
+                split = placement.split.get(number) or (before[0] if before else "")
+                if not split:
+                    group = group_of(values[name])
+                    split = assign_split(values[sha], cfg.salt, cfg.splits, group) if group else split_of(values[sha])
+                values.append("")  # what ``take`` gives the fields set below
+                record = list(take(values))
                 record[split_at] = split
                 if multi:
                     record[label_id] = sep.join(str(class_ids[n]) for n in values[label].split(sep))
                 else:
                     record[label_id] = class_ids[values[label]]
-                if not opts.is_default:
+                if not as_inspected:
                     planned = planned_facts(opts, record[fmt], *(record[i] for i in facts if i != fmt))
                     if detail := too_big(planned, cfg.max_pixels):  # upscale: shortest:N of a long strip
                         rejects.write({"filename": values[name], "reason": "too_many_pixels", "detail": detail})
@@ -180,7 +185,7 @@ def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) ->
         return grouped
     published: dict[str, tuple[str, str]] = {}
     try:
-        with read_rows(storage, join(version, layout.LABELS)) as rows:
+        with list_rows(storage, join(version, layout.LABELS)) as rows:
             names = list(rows.fieldnames or ())
             sha, split = names.index("sha256"), names.index("split")
             for values in rows.reader:
@@ -203,8 +208,7 @@ def _near_duplicates(cfg: BuildConfig, storage: Storage, inspected: str, col: di
     groups: list[str] = []
     if cfg.near_duplicate_bits <= 0:
         return Placement()
-    with read_rows(storage, inspected) as rows, _group_values(cfg, storage) as group_of:
-        _ = rows.fieldnames
+    with list_rows(storage, inspected) as rows, _group_values(cfg, storage) as group_of:
         name, label, sha, phash = col["filename"], col["label"], col["sha256"], col["phash"]
         for values in rows.reader:
             names.append(values[name])
@@ -226,8 +230,7 @@ def _group_values(cfg: BuildConfig, storage: Storage) -> Iterator[Callable[[str]
     if not cfg.group_column:
         yield lambda _filename: ""
         return
-    with read_rows(storage, staged(cfg, GROUPS)) as rows:
-        _ = rows.fieldnames  # reads the header
+    with list_rows(storage, staged(cfg, GROUPS)) as rows:
         values = iter(rows.reader)
         yield lambda filename: _metadata_of(filename, values, GROUPS)[0]
 

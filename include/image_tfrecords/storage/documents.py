@@ -28,6 +28,29 @@ def read_rows(storage: Storage, uri: str, errors: str = "strict") -> Iterator[cs
             yield csv.DictReader(f)
 
 
+class ListRows:
+    """A table's ``fieldnames`` and ``reader`` (each row as a list of its values), as ``csv.DictReader``
+    gives them, made for the tables this package writes (``RowWriter``): a row without a quote is split at
+    its commas, and only a row with one is parsed by ``csv``. Several times faster over a wide table."""
+
+    def __init__(self, header: str, texts: Iterator[str]) -> None:
+        self.fieldnames: list[str] = next(csv.reader([header])) if header else []
+        self.reader = self._values(texts)
+
+    @staticmethod
+    def _values(texts: Iterator[str]) -> Iterator[list[str]]:
+        parse = csv.reader
+        for text in texts:
+            yield text.split(",") if '"' not in text else next(parse([text]))
+
+
+@contextmanager
+def list_rows(storage: Storage, uri: str) -> Iterator[ListRows]:
+    """The rows of a table this package wrote, as lists (``ListRows``): for passes over every image."""
+    with raw_rows(storage, uri) as (header, texts):
+        yield ListRows(header, texts)
+
+
 @contextmanager
 def raw_rows(storage: Storage, uri: str) -> Iterator[tuple[str, Iterator[str]]]:
     """The header line and each row of the CSV table at ``uri`` as its text, without the line end (S3
@@ -42,15 +65,15 @@ def raw_rows(storage: Storage, uri: str) -> Iterator[tuple[str, Iterator[str]]]:
         header = f.readline().lstrip("\ufeff").rstrip("\n")
 
         def texts() -> Iterator[str]:
-            pending = ""
-            for line in f:
-                pending += line
-                if pending.count('"') % 2:  # a quoted field goes on: a \r or \n inside it
-                    continue
-                yield pending[:-1] if pending.endswith("\n") else pending
-                pending = ""
-            if pending:
-                raise ValueError(f"{uri} ends inside a quoted field")
+            lines = iter(f)
+            for line in lines:
+                if '"' in line:
+                    while line.count('"') % 2:  # a quoted field goes on: a \r or \n inside it
+                        more = next(lines, None)
+                        if more is None:
+                            raise ValueError(f"{uri} ends inside a quoted field")
+                        line += more
+                yield line[:-1] if line[-1:] == "\n" else line
 
         yield header, texts()
 
@@ -112,8 +135,15 @@ class RowWriter:
         self.count += 1
 
     def write_values(self, values: Sequence[Any]) -> None:
-        """Write one row given as its values, in this writer's field order (the fast path of a long table)."""
-        self._writer.writer.writerow(values)
+        """Write one row given as its values, in this writer's field order (the fast path of a long table):
+        values that need no quotes (no comma, quote, CR or LF; not None) are joined as they are, as
+        ``csv.writer`` would write them, and any other row goes through it."""
+        line = ",".join(map(str, values))
+        if line.count(",") == len(values) - 1 > 0 and '"' not in line and "\n" not in line and "\r" not in line \
+                and None not in values:
+            self._file.write(line + "\n")
+        else:
+            self._writer.writer.writerow(values)
         self.count += 1
 
     def write_line(self, line: str) -> None:
