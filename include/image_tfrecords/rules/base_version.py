@@ -33,7 +33,7 @@ from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
 from ..storage import Storage, join
-from ..storage.documents import list_rows, raw_rows, read_rows
+from ..storage.documents import list_rows, raw_rows
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
 INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",
@@ -207,7 +207,7 @@ class Inspections:
         """Each discovered row's values and where the base's inspection of it is (-1: none). The first pass
         to read every row looks them up and keeps the answers (8 bytes a row) for the passes after it."""
         found, known = self._found, array("q")
-        with read_rows(self._storage, self._discovered) as rows:
+        with list_rows(self._storage, self._discovered) as rows:
             _check_header(rows.fieldnames, self._discovered)
             for number, values in enumerate(rows.reader):
                 if found is not None and number < len(found):

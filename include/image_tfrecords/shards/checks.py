@@ -9,7 +9,6 @@ read a staged member list, ``set_digest`` is the order-independent digest of a s
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 import struct
@@ -28,7 +27,7 @@ from ..records.schema import FILENAME_KEY, RecordSchema, example_features
 from ..records.tfrecord import CorruptRecordError, read_records
 from ..staging import CHECKED, MEMBERS, RECEIPTS, SHARDS, Progress, no_progress, staged, staged_schema
 from ..storage import HashingReader, Storage
-from ..storage.documents import read_json, write_json
+from ..storage.documents import dict_rows, read_json, write_json
 
 _RECORD_OVERHEAD = 16  # length, its CRC and the data's CRC around each record
 
@@ -45,7 +44,7 @@ def set_digest(names: Iterator[str]) -> str:
 
 def member_rows(members: bytes) -> list[dict[str, str]]:
     """The rows of a staged ``members/{shard}.csv`` (bounded by the shard size)."""
-    return list(csv.DictReader(io.StringIO(members.decode("utf-8-sig"), newline="")))
+    return dict_rows(members, "a members table")
 
 
 def members_digest(members: bytes) -> tuple[str, int]:

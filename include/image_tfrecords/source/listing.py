@@ -37,7 +37,7 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", 
                               ".heic", ".heif", ".hif", ".avif", ".jxl"})
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)  # not frozen: a frozen dataclass costs microseconds per listed file
 class Candidate:
     """A file to inspect (``label`` set) or to reject (``reason`` set)."""
 

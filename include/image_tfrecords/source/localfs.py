@@ -21,9 +21,10 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import BinaryIO
+
+from ..storage.base import FileInfo
 
 MAX_DEPTH = 64  # folder levels below the source root
 MAX_KEY_BYTES = 1024  # UTF-8 bytes of a relative path (S3's key limit)
@@ -33,18 +34,12 @@ _O_PATH = getattr(os, "O_PATH", 0)
 _REOPEN_BY_PROC = bool(_O_PATH) and os.path.isdir("/proc/self/fd")  # checked once, not per file
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One thing found under the root. ``kind``: file, symlink, fifo, device, socket or other;
-    ``problem`` (a reject reason) when it cannot become a candidate at all."""
-
-    key: str
-    size: int = 0
-    modified: datetime = _EPOCH
-    kind: str = "file"
-    problem: str = ""
-    detail: str = ""
-    stamp: str = ""  # the modification time in nanoseconds (regular files)
+def _entry(key: str, size: int = 0, modified: datetime = _EPOCH, kind: str = "file", problem: str = "",
+           detail: str = "", stamp: str = "") -> FileInfo:
+    """One thing found under the root, as a listing gives it (``FileInfo``). ``kind``: file, symlink, fifo,
+    device, socket or other; ``problem`` (a reject reason) when it cannot become a candidate at all;
+    ``stamp``: the modification time in nanoseconds (regular files)."""
+    return FileInfo(key, size, modified, kind, problem, detail, stamp)
 
 
 class NotARegularFile(OSError):
@@ -102,7 +97,7 @@ def _why(exc: OSError) -> str:
     return "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or type(exc).__name__)
 
 
-def walk(root: str) -> Iterator[Entry]:
+def walk(root: str) -> Iterator[FileInfo]:
     """Every entry below ``root`` (a folder the caller names; it may itself be a symlink), keys relative
     to it with ``/`` separators, in sorted order. Folders are not yielded, only what they hold."""
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -126,47 +121,48 @@ def walk(root: str) -> Iterator[Entry]:
             except FileNotFoundError:  # removed while listing
                 continue
             except OSError as exc:
-                yield Entry(printable(key), problem="unreadable", detail=_why(exc))
+                yield _entry(printable(key), problem="unreadable", detail=_why(exc))
                 continue
             kind = kind_of(st.st_mode)
             if not is_clean_name(name):
                 folder = kind == "folder"
-                yield Entry(printable(key) + ("/" if folder else ""), kind=kind, problem="bad_filename",
+                yield _entry(printable(key) + ("/" if folder else ""), kind=kind, problem="bad_filename",
                             detail=f"{'folder ' if folder else ''}name is not valid UTF-8 (shown with \\x escapes)"
                                    f"{'; nothing in it was read' if folder else ''}: rename it")
             elif len(key.encode()) > MAX_KEY_BYTES:
-                yield Entry(key + ("/" if kind == "folder" else ""), problem="path_too_long",
+                yield _entry(key + ("/" if kind == "folder" else ""), problem="path_too_long",
                             detail=f"path is longer than {MAX_KEY_BYTES} bytes")
             elif kind == "folder":
                 child = _open_folder(fd, name, key, len(stack))
-                if isinstance(child, Entry):
+                if isinstance(child, FileInfo):
                     yield child
                 elif child is not None:
                     stack.append(child)
             else:
-                yield Entry(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind, stamp=str(st.st_mtime_ns))
+                yield FileInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind, "", "",
+                               str(st.st_mtime_ns))
     finally:
         for fd, _, _ in stack:
             os.close(fd)
 
 
-def _open_folder(parent: int, name: str, key: str, depth: int) -> tuple[int, str, Iterator[str]] | Entry | None:
-    """A stack frame for a subfolder, an Entry saying why it is not descended into, or None if it is gone."""
+def _open_folder(parent: int, name: str, key: str, depth: int) -> tuple[int, str, Iterator[str]] | FileInfo | None:
+    """A stack frame for a subfolder, an entry saying why it is not descended into, or None if it is gone."""
     if depth >= MAX_DEPTH:
-        return Entry(key + "/", problem="path_too_long", detail=f"more than {MAX_DEPTH} folder levels deep")
+        return _entry(key + "/", problem="path_too_long", detail=f"more than {MAX_DEPTH} folder levels deep")
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a symlink or file since listed
-            return Entry(key + "/", kind="symlink")
-        return Entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")
+            return _entry(key + "/", kind="symlink")
+        return _entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")
     try:
         return fd, key + "/", iter(_sorted_names(fd))
     except OSError as exc:
         os.close(fd)
-        return Entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")
+        return _entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")
 
 
 def open_file(root: str, key: str) -> tuple[BinaryIO, int]:

@@ -17,7 +17,7 @@ from ..published.manifest import Manifest
 from ..source.reading import read_source
 from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
-from ..storage.documents import read_json, read_rows, write_json
+from ..storage.documents import list_rows, read_json, write_json
 
 if TYPE_CHECKING:
     from ..card.sections import LabelFacts
@@ -27,7 +27,7 @@ def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
     """A callable giving a fresh iterator over the CSV rows at ``uri`` each time (dicts made from plain
     lists: cheaper than DictReader's rows, and the card reads every row more than once)."""
     def rows() -> Iterator[dict[str, str]]:
-        with read_rows(storage, uri) as it:
+        with list_rows(storage, uri) as it:
             names = it.fieldnames or []
             for values in it.reader:
                 if values:

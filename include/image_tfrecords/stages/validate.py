@@ -36,7 +36,7 @@ from ..staging import (
     staged_schema,
 )
 from ..storage import Storage
-from ..storage.documents import read_json, read_rows, write_json
+from ..storage.documents import list_rows, read_json, read_rows, write_json
 
 
 def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, array[int]]) -> None:
@@ -116,7 +116,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
     counts: Counter[str] = Counter()
     digests: Counter[str] = Counter()  # per split: sum of name hashes, as set_digest
     contents: dict[str, array[int]] = defaultdict(lambda: array("Q"))  # per split: 64-bit sha256 prefixes
-    with read_rows(storage, staged(cfg, LABELS)) as rows:  # plain lists: this runs over every record
+    with list_rows(storage, staged(cfg, LABELS)) as rows:  # plain lists: this runs over every record
         column = {name: i for i, name in enumerate(rows.fieldnames or ())}
         name, split_at, sha = column["filename"], column["split"], column["sha256"]
         for values in rows.reader:

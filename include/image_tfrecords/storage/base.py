@@ -21,7 +21,7 @@ from ..errors import StorageError
 S3_SCHEME = "s3://"
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)  # not frozen: a frozen dataclass costs microseconds per listed file
 class FileInfo:
     """A file or object found by a listing; ``key`` is relative to the listed URI.
 

@@ -7,7 +7,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -64,18 +64,29 @@ def raw_rows(storage: Storage, uri: str) -> Iterator[tuple[str, Iterator[str]]]:
         f = stack.enter_context(open(path, newline="", encoding="utf-8", errors="surrogateescape"))
         header = f.readline().lstrip("\ufeff").rstrip("\n")
 
-        def texts() -> Iterator[str]:
-            lines = iter(f)
-            for line in lines:
-                if '"' in line:
-                    while line.count('"') % 2:  # a quoted field goes on: a \r or \n inside it
-                        more = next(lines, None)
-                        if more is None:
-                            raise ValueError(f"{uri} ends inside a quoted field")
-                        line += more
-                yield line[:-1] if line[-1:] == "\n" else line
+        yield header, row_texts(f, uri)
 
-        yield header, texts()
+
+def row_texts(lines: Iterable[str], name: str) -> Iterator[str]:
+    """Each row's text, without its line end, of CSV ``lines`` (read with ``newline=""``): a row goes on over
+    line ends while its quotes are open. ``name`` says which table ends inside a quoted field."""
+    lines = iter(lines)
+    for line in lines:
+        if '"' in line:
+            while line.count('"') % 2:  # a quoted field goes on: a \r or \n inside it
+                more = next(lines, None)
+                if more is None:
+                    raise ValueError(f"{name} ends inside a quoted field")
+                line += more
+        yield line[:-1] if line[-1:] == "\n" else line
+
+
+def dict_rows(data: bytes, name: str) -> list[dict[str, str]]:
+    """The rows of a small table this package wrote (``data``, whole), as dicts: ``csv.DictReader``'s
+    answer at a fraction of its cost (see ``ListRows``)."""
+    lines = io.StringIO(data.decode("utf-8-sig"), newline="")
+    rows = ListRows(lines.readline().rstrip("\n"), row_texts(lines, name))
+    return [dict(zip(rows.fieldnames, values, strict=True)) for values in rows.reader]
 
 
 def csv_field(value: str) -> str:

@@ -31,8 +31,7 @@ class LocalStore(Store):
         try:
             for entry in localfs.walk(uri):
                 if everything or (entry.kind == "file" and not entry.problem):
-                    yield FileInfo(entry.key, entry.size, entry.modified, entry.kind, entry.problem, entry.detail,
-                                   entry.stamp)
+                    yield entry
         except PermissionError:
             raise StorageError(f"cannot read the folder {uri}: permission denied") from None
 
