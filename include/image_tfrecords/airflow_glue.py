@@ -149,7 +149,11 @@ def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kw
                     "kept": len([e for e in report if e["action"] != "remove"])}
         if stage is not stages.discard_stage:  # the lock dies with the staging prefix
             locking.hold(storage, cfg.staging_uri, _lock_owner(context), locking.DAG_LEASE_SECONDS)
-        return stage(cfg, storage, **kwargs)
+        storage.defer_sync(cfg.staging_uri)  # what the task staged is on disk when it succeeds: one syncfs
+        result = stage(cfg, storage, **kwargs)
+        if stage is not stages.discard_stage:
+            storage.sync(cfg.staging_uri)
+        return result
     except LockHeld as exc:
         raise AirflowFailException(f"version {run_version(context)} is being built by another run: {exc}") from exc
     except ImageTfrecordsError as exc:

@@ -695,6 +695,30 @@ def test_retried_write_task_publishes_what_an_uninterrupted_build_does(tmp_path:
     check_version(storage, read(storage, str(dest / "d" / "v2")), source.files())
 
 
+def test_a_receipt_left_empty_by_a_crash_has_its_shard_written_again(tmp_path: Path) -> None:
+    """Staged files are made durable by one syncfs before the publish: a crash before it may leave a receipt
+    empty. The retried write takes that as no receipt (the shard is written again), never as an error."""
+    source, dest = night_source(tmp_path)
+    storage = Storage()
+    cfg = config(source.uri, str(dest), "d", "v2")
+    for stage in (stages.discover_stage, stages.inspect_stage, stages.split_stage, stages.plan_stage,
+                  stages.reuse_stage):
+        stage(cfg, storage)
+    staging = Path(cfg.staging_uri)
+    shards = stages.all_shards(cfg, storage)
+    first = {shard: stages.write_and_check(cfg, storage, shard) for shard in shards}
+    emptied = shards[0]
+    (staging / "receipts" / f"{emptied}.json").write_bytes(b"")
+    inode = (staging / "shards" / emptied).stat().st_ino
+    again = stages.write_and_check(cfg, storage, emptied)
+    assert (staging / "shards" / emptied).stat().st_ino != inode  # written again, not trusted
+    assert again["sha256"] == first[emptied]["sha256"] == sha((staging / "shards" / emptied).read_bytes())
+    assert json.loads((staging / "receipts" / f"{emptied}.json").read_text())["sha256"] == again["sha256"]
+    for stage in (stages.validate_stage, stages.card_stage, stages.gate_stage, stages.publish_stage):
+        stage(cfg, storage)
+    check_version(storage, read(storage, str(dest / "d" / "v2")), source.files())
+
+
 LAUNCHER = """\
 import os
 import sys

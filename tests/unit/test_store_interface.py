@@ -235,3 +235,44 @@ def test_the_test_server_has_room_for_a_bucket_per_test(s3_server: Any) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{s3_server.ports[0]}/dir/status", timeout=10) as response:
         topology = json.loads(response.read())["Topology"]
     assert topology["Max"] >= 1000, topology
+
+
+def test_deferred_writes_skip_their_fsync_and_sync_makes_them_durable(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below a deferred prefix, writes and uploads make no fsync of their own; ``sync`` makes one syncfs of
+    their file system; writes elsewhere still fsync each; a pickled Storage keeps the prefixes."""
+    fsyncs: list[int] = []
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(local_module.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(local_module, "syncfs", synced.append)
+    storage = Storage()
+    staging, final = tmp_path / "d" / "_staging" / "v1", tmp_path / "d" / "v1"
+    storage.defer_sync(str(staging))
+    storage.write_bytes(str(staging / "a.json"), b"{}")
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b"x\n1\n")
+    storage.upload(str(path), str(staging / "rows.csv"))
+    assert fsyncs == [] and synced == []
+    assert storage.read_bytes(str(staging / "a.json")) == b"{}"
+    assert storage.read_bytes(str(staging / "rows.csv")) == b"x\n1\n"
+    storage.write_bytes(str(final / "_SUCCESS"), b"ok\n")  # not deferred: its own fsync, as before
+    assert len(fsyncs) == 1
+    storage.sync(str(final))  # nothing deferred there, nothing to do
+    assert synced == []
+    storage.sync(str(staging))
+    assert synced == [str(staging)]
+    again = pickle.loads(pickle.dumps(storage))
+    again.write_bytes(str(staging / "b.json"), b"[]")
+    assert len(fsyncs) == 1
+    assert again._local.deferred == storage._local.deferred
+
+
+def test_syncfs_runs_on_this_file_system(tmp_path: Path) -> None:
+    from image_tfrecords.storage.writeback import syncfs
+
+    (tmp_path / "f").write_bytes(b"x")
+    syncfs(str(tmp_path))  # a folder
+    syncfs(str(tmp_path / "f"))  # a file
+    with pytest.raises(FileNotFoundError):
+        syncfs(str(tmp_path / "missing"))

@@ -54,7 +54,12 @@ def already_written(cfg: BuildConfig, storage: Storage, shard: str, members_sha:
     receipt_uri = staged(cfg, RECEIPTS, shard + ".json")
     if not storage.exists(receipt_uri):
         return None
-    receipt = read_json(storage, receipt_uri)
+    try:
+        receipt = read_json(storage, receipt_uri)
+    except ValueError:  # cut short by a crash before it was synced: the shard is written again
+        return None
+    if not isinstance(receipt, dict):
+        return None
     if receipt.get("members_sha256") == members_sha and "reused_from" not in receipt and \
             receipt.get("made_with") == made_with(cfg) and \
             receipt.get("rewritten_from") == rewritten_from and \

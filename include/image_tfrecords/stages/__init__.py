@@ -148,13 +148,15 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     When the source listing and params are those of the previous published version, nothing is
     built (the staging is dropped) unless ``force`` or ``cfg.full``: returns ``{"unchanged_since": VERSION, ...}``.
     ``progress(stage, total)`` gives a callback counting images done; ``before_publish`` may raise to
-    stop the build before anything is published (the CLI checks it still holds its lock). When the publish
+    stop the build before anything is published (the CLI checks it still holds its lock). Staged files are
+    made durable together, by the publish (``Storage.defer_sync``). When the publish
     gate trips (and ``cfg.accept_gate`` is off), raises ``GateTripped`` with its report: nothing is published,
     the staging is kept (a rerun of the version with ``accept_gate`` reuses its finished shards). The result
     (publish's) also gives ``stage_seconds`` and ``gate`` (the verdict).
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
+    storage.defer_sync(cfg.staging_uri)  # one syncfs before the publish, not an fsync per staged file
     with ThreadPoolExecutor(1, thread_name_prefix="card") as beside:
         card_ahead: Future[Any] | None = None
         for stage in PIPELINE:

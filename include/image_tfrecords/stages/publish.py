@@ -64,6 +64,7 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
     storage.copy(staged_manifest, join(final, layout.MANIFEST))
     _remove_strays(storage, final, _published_names(final, copies, manifest))
     manifest_sha = hashlib.sha256(storage.read_bytes(join(final, layout.MANIFEST))).hexdigest()
+    storage.sync(cfg.staging_uri)  # staged files whose fsync was deferred, now also the version's: on disk first
     storage.write_bytes(join(final, layout.SUCCESS), (manifest_sha + "\n").encode())
     return _finish(cfg, storage, manifest, already=False)
 

@@ -140,6 +140,12 @@ class Store(ABC):
     def prune(self, uri: str) -> None:  # noqa: B027 - object stores have no empty folders
         """Remove the folder ``uri`` if it is empty (nothing to do where folders are only key prefixes)."""
 
+    def defer_sync(self, prefix: str) -> None:  # noqa: B027 - an object store's writes are durable when done
+        """Let writes below ``prefix`` skip their own ``fsync`` until ``sync(prefix)`` (see ``Storage``)."""
+
+    def sync(self, prefix: str) -> None:  # noqa: B027 - nothing deferred: nothing to do
+        """Make the writes below ``prefix`` whose ``fsync`` was deferred durable."""
+
     # -- listing ---------------------------------------------------------------------------------
     @abstractmethod
     def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:

@@ -30,11 +30,13 @@ class Storage:
         self._s3 = S3Store(self._factory)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_factory": self._factory}
+        return {"_factory": self._factory, "_deferred": self._local.deferred}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._factory = state["_factory"]
         self._local = LocalStore()
+        for prefix in state.get("_deferred", ()):
+            self._local.defer_sync(prefix)
         self._s3 = S3Store(self._factory)
 
     def _store_for(self, uri: str) -> Store:
@@ -124,8 +126,20 @@ class Storage:
         self._store_for(uri).write_bytes(uri, data)
 
     def upload(self, path: str, uri: str, sha256: str | None = None) -> None:
-        """Store the local file ``path`` at ``uri`` atomically, verified by its SHA-256."""
-        self._store_for(uri).upload(path, uri, sha256 or sha256_file(path))
+        """Store the local file ``path`` at ``uri`` atomically, verified by its SHA-256 (hashed here when not
+        given, where the store checks it: a local store links the file, and has nothing to check)."""
+        store = self._store_for(uri)
+        store.upload(path, uri, sha256 or ("" if store is self._local else sha256_file(path)))
+
+    def defer_sync(self, prefix: str) -> None:
+        """Writes below ``prefix`` (a staging folder) skip their one-by-one ``fsync``: ``sync(prefix)`` makes
+        them durable together, before anything that relies on them surviving a crash (the end of a task, the
+        publish). Only local stores have anything to defer; a pickled Storage keeps the prefixes."""
+        self._store_for(prefix).defer_sync(prefix)
+
+    def sync(self, prefix: str) -> None:
+        """Make every write below ``prefix`` durable (see ``defer_sync``); nothing to do where none was deferred."""
+        self._store_for(prefix).sync(prefix)
 
     def write_if_unchanged(self, uri: str, data: bytes, tag: str | None) -> bool:
         """Write only if ``uri`` still has version ``tag`` (None: only if absent); False if it moved."""

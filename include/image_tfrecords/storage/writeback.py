@@ -1,12 +1,14 @@
 """Start the kernel writing a file's dirty pages to disk without waiting for it (Linux ``sync_file_range``),
 so that the ``fsync`` a durable write ends with finds little left to write: the disk works while the
-process goes on hashing. Elsewhere (or if the call fails) nothing happens, and the ``fsync`` does it all."""
+process goes on hashing. Elsewhere (or if the call fails) nothing happens, and the ``fsync`` does it all.
+And ``syncfs``: everything a build staged made durable at once (``Storage.defer_sync``)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,3 +30,27 @@ def start_writeback(fd: int, offset: int = 0, count: int = 0) -> bool:
     False where that cannot be asked (not Linux, or the call failed). Never waits for the disk."""
     call = _sync_file_range()
     return call is not None and call(fd, offset, count, SYNC_FILE_RANGE_WRITE) == 0
+
+
+@functools.cache
+def _syncfs() -> Callable[..., Any] | None:
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        call = ctypes.CDLL(None, use_errno=True).syncfs
+        call.argtypes = (ctypes.c_int,)
+        call.restype = ctypes.c_int
+        return call  # type: ignore[no-any-return]
+    return None
+
+
+def syncfs(path: str) -> None:
+    """Write every dirty page of the file system holding ``path`` (a file or folder) to disk and wait
+    (Linux ``syncfs``; elsewhere, or if it fails, ``os.sync`` does it for every file system)."""
+    call = _syncfs()
+    if call is not None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if call(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    os.sync()
