@@ -227,7 +227,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             segments.append(Segment(appended["bytes"], _reader(out.fileno(), 0)))
             copied = storage.compose(staged(cfg, SHARDS, shard), segments, digest,
                                      {old: base_tag} if base_tag else None)
-        else:
+        elif not storage.is_deferred(staged(cfg, SHARDS, shard)):  # else the build's one syncfs makes it durable
             os.fsync(out.fileno())
         out.close()
         receipt = stage_shard(cfg, storage, shard, None if remote else path, offsets, written, digest, members_sha,

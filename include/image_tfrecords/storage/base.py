@@ -143,6 +143,10 @@ class Store(ABC):
     def defer_sync(self, prefix: str) -> None:  # noqa: B027 - an object store's writes are durable when done
         """Let writes below ``prefix`` skip their own ``fsync`` until ``sync(prefix)`` (see ``Storage``)."""
 
+    def is_deferred(self, uri: str) -> bool:
+        """Whether writes to ``uri`` wait for ``sync`` to be durable."""
+        return False
+
     def sync(self, prefix: str) -> None:  # noqa: B027 - nothing deferred: nothing to do
         """Make the writes below ``prefix`` whose ``fsync`` was deferred durable."""
 

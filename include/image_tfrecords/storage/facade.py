@@ -137,6 +137,11 @@ class Storage:
         publish). Only local stores have anything to defer; a pickled Storage keeps the prefixes."""
         self._store_for(prefix).defer_sync(prefix)
 
+    def is_deferred(self, uri: str) -> bool:
+        """Whether a write to ``uri`` leaves its ``fsync`` to ``sync`` (see ``defer_sync``): a writer that
+        fsyncs a file itself before storing it there can skip that too."""
+        return self._store_for(uri).is_deferred(uri)
+
     def sync(self, prefix: str) -> None:
         """Make every write below ``prefix`` durable (see ``defer_sync``); nothing to do where none was deferred."""
         self._store_for(prefix).sync(prefix)

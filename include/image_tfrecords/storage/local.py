@@ -99,11 +99,11 @@ class LocalStore(Store):
 
     # -- writing ---------------------------------------------------------------------------------
     def write_bytes(self, uri: str, data: bytes) -> None:
-        _atomic(uri, lambda f: f.write(data), durable=not self._is_deferred(uri))
+        _atomic(uri, lambda f: f.write(data), durable=not self.is_deferred(uri))
 
     def upload(self, path: str, uri: str, sha256: str) -> None:
         """Hard-links ``path`` (a finished temporary file) into place where possible, else copies it."""
-        durable = not self._is_deferred(uri)
+        durable = not self.is_deferred(uri)
         if durable:
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
@@ -134,7 +134,7 @@ class LocalStore(Store):
             target = os.path.dirname(target.rstrip("/"))
         syncfs(target or ".")
 
-    def _is_deferred(self, uri: str) -> bool:
+    def is_deferred(self, uri: str) -> bool:
         return bool(self._deferred) and os.path.abspath(uri).startswith(self._deferred)
 
     def write_if_unchanged(self, uri: str, data: bytes, tag: str | None) -> bool:
