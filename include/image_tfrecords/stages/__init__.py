@@ -190,6 +190,7 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 discard_stage(cfg, storage)
                 return {"unchanged_since": unchanged, "version": unchanged}
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
+                storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]
                 raise GateTripped(f"{lines[0]}: nothing was published", "\n".join(lines))
     return {**results["publish"], "stage_seconds": seconds, "gate": results["gate"]["verdict"]}
