@@ -33,11 +33,13 @@ def assign_split(sha256: str, salt: str, splits: Mapping[str, float], group: str
     """The split for an image with content hash ``sha256``; with a ``group`` (the group column's value),
     the group's split, which every image of the group shares."""
     point = unit_hash("group", salt, group) if group else unit_hash("split", salt, sha256)
-    cumulative = 0.0
-    names = list(splits)
-    for name in names:
-        cumulative += splits[name]
-        if point < cumulative:
+    return _split_at(point, list(splits), list(itertools.accumulate(splits.values())))
+
+
+def _split_at(point: float, names: list[str], bounds: list[float]) -> str:
+    """The first split whose cumulative fraction (``bounds``) is above ``point``."""
+    for name, bound in zip(names, bounds):  # noqa: B905 - same lengths
+        if point < bound:
             return name
     return names[-1]  # float rounding at the top end
 
@@ -59,14 +61,10 @@ def split_assigner(salt: str, splits: Mapping[str, float]) -> Callable[[str], st
     answers, at a third of the cost per image."""
     unit = unit_hasher("split", salt)
     names = list(splits)
-    bounds: list[float] = list(itertools.accumulate(splits[name] for name in names))
+    bounds: list[float] = list(itertools.accumulate(splits.values()))
 
     def split_of(sha: str) -> str:
-        point = unit(sha)
-        for name, bound in zip(names, bounds):  # noqa: B905 - same lengths
-            if point < bound:
-                return name
-        return names[-1]  # float rounding at the top end
+        return _split_at(unit(sha), names, bounds)
 
     return split_of
 
