@@ -118,13 +118,15 @@ def test_a_night_parses_only_its_new_records_and_copies_the_rest(tmp_path: Path)
     assert build_facts["base_bytes_read"] == sum(base_bytes[f] for f in spliced_from)
 
 
-@pytest.mark.parametrize("damage", ["index", "framing"])
+@pytest.mark.parametrize("damage", ["index", "framing", "inside_a_run"])
 def test_a_base_whose_index_or_framing_lies_is_not_spliced(damage: str, tmp_path: Path) -> None:
     """A base .tfindex that no longer lists the records end to end, or a record whose length field was
-    changed (and the index with it): the shard is written from the source, and holds the right records."""
+    changed (the first kept one, whose framing is checked; or one inside a kept run, which only the base's
+    SHA-256 proves): the shard is written from the source, and holds the right records."""
     storage, _, cfg = night(tmp_path)
     rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
-    shard, origin = next((s, o) for s, o in sorted(rewrites.items()) if o["kept"] > 1)
+    shard, origin = next((s, o) for s, o in sorted(rewrites.items()) if o["kept"] > 1 and
+                         (damage != "inside_a_run" or any(stop - start > 2 for start, stop in o["runs"])))
     old = Path(cfg.dataset_uri, "v1", origin["file"])
     index = Path(layout.index_file(str(old)))
     lines = index.read_text().splitlines()
@@ -135,8 +137,9 @@ def test_a_base_whose_index_or_framing_lies_is_not_spliced(damage: str, tmp_path
         origin = {**origin, "index_sha256": None}  # as a base from before index digests
     else:
         data = bytearray(old.read_bytes())
-        start = int(lines[origin["runs"][0][0]].split()[0])
-        data[start] ^= 0x01  # the first kept record's length field
+        first = next(a for a, b in origin["runs"] if damage == "framing" or b - a > 2)
+        start = int(lines[first if damage == "framing" else first + 1].split()[0])
+        data[start] ^= 0x01  # the length field of the first kept record, or of the second of a run
         old.write_bytes(bytes(data))
     checked = splice_shard(cfg, storage, shard, origin, read_workers=1)
     assert checked["fallback"].startswith(f"{old} is damaged")

@@ -58,3 +58,19 @@ def test_a_kept_record_whose_header_was_changed_is_damage(byte: int) -> None:
     with pytest.raises(DamagedBase, match=f"at byte {offsets[4][0]} "):
         _check_framing(memoryview(bytes(damaged)), starts, lengths, _kept([[0, 6]]))
     _check_framing(memoryview(bytes(damaged)), starts, lengths, _kept([[0, 4], [5, 6]]))  # record 4 not kept
+
+
+def test_with_a_proven_index_the_first_record_of_each_run_is_checked() -> None:
+    """An index proven by its published digest: the framing of each run's first record is checked (the base's
+    SHA-256 proves the bytes between); an index from before index digests: every kept record's."""
+    from image_tfrecords.shards.splice import _framed
+
+    runs = [[0, 3], [4, 6]]
+    assert _framed(runs, True).tolist() == [0, 4]
+    assert _framed(runs, False).tolist() == [0, 1, 2, 4, 5]
+    data, index, offsets = _shard()
+    starts, lengths = _index(index, len(offsets))
+    damaged = bytearray(data)
+    damaged[offsets[4][0]] ^= 0x01  # the first record of the second run
+    with pytest.raises(DamagedBase, match=f"at byte {offsets[4][0]} "):
+        _check_framing(memoryview(bytes(damaged)), starts, lengths, _framed(runs, True))

@@ -9,7 +9,9 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
   against the base manifest's) and to hash the new shard's kept bytes (the new shard's digest is
   taken in that same pass, then over the new records); the bytes before the first record the night
   drops are the same in both, and are hashed once (the new digest starts from a copy of that state);
-* each kept record's framing is checked against the base index (length and its CRC);
+* the base's ``.tfindex`` is proven by the SHA-256 its version published, and the framing of the first
+  record of each kept run is checked against it (length and its CRC; every kept record's, for a base from
+  before index digests): the records in between are where the proven index says, in proven bytes;
 * the bytes are copied by the kernel (``os.copy_file_range``: a reflink where the file system can);
 * the new records are made from the source and checked in full as any written record (parsed,
   image SHA-256, plan row), and the ``.tfindex`` follows by arithmetic on the base's.
@@ -89,6 +91,16 @@ def _kept(runs: list[list[int]]) -> Any:
 
     return np.concatenate([np.arange(start, stop, dtype=np.int64) for start, stop in runs]) if runs else \
         np.zeros(0, dtype=np.int64)
+
+
+def _framed(runs: list[list[int]], index_proven: bool) -> Any:
+    """The kept records whose framing is checked: with an index proven by the digest its version published, the
+    first of each run (where the night's copy starts reading the base: the base's own SHA-256, checked in the same
+    pass, proves the bytes, and the index proves where the records in between start); with an index from before
+    index digests, every kept record."""
+    import numpy as np
+
+    return np.array([start for start, _ in runs], dtype=np.int64) if index_proven else _kept(runs)
 
 
 def _check_framing(view: memoryview, starts: Any, lengths: Any, kept: Any) -> None:
@@ -187,7 +199,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         hashing = threading.Thread(target=hash_base)
         hashing.start()
         try:
-            _check_framing(view, starts, lengths, _kept(runs))
+            _check_framing(view, starts, lengths, _framed(runs, bool(origin.get("index_sha256"))))
             offsets: list[tuple[int, int]] = []
             out = stack.enter_context(open(path, "w+b"))
             written = 0
