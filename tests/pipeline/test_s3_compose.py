@@ -23,7 +23,7 @@ from image_tfrecords.shards.writer import rewrite_shard
 from image_tfrecords.staging import PLAN, RECEIPTS, SHARDS, staged
 from image_tfrecords.storage import Segment, Storage, join, split_s3
 from image_tfrecords.storage.documents import read_json
-from image_tfrecords.storage.multipart import MIN_PART, copied_bytes, plan_parts
+from image_tfrecords.storage.multipart import copied_bytes, plan_parts
 from tests.pipeline.test_incremental import Source, build, config, read
 
 MiB = 1 << 20
@@ -35,7 +35,21 @@ def segments_of(pieces: list[tuple[bytes, str | None, int]]) -> list[Segment]:
 
 
 def assembled(parts, sources: dict[str, bytes]) -> bytes:
-    return b"".join(sources[p.source][p.offset:p.offset + p.length] if p.source else p.body() for p in parts)
+    """The object the parts make: copies from ``sources``, uploads from the worker, temporary objects first."""
+    return b"".join(assembled(p.parts, sources) if p.parts is not None else
+                    sources[p.source][p.offset:p.offset + p.length] if p.source else p.body() for p in parts)
+
+
+def follow_s3s_rules(parts, min_part: int, max_copy: int, max_put: int) -> None:
+    """Every part but the last (of the object, and of each temporary object) is at least ``min_part``."""
+    assert all(p.size >= min_part for p in parts[:-1])
+    for p in parts:
+        if p.parts is not None:
+            follow_s3s_rules(p.parts, min_part, max_copy, max_put)
+        elif p.source:
+            assert p.size <= max_copy
+        else:
+            assert p.size <= 2 * max(max_put, min_part)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -57,12 +71,34 @@ def test_planned_parts_follow_s3s_rules_and_give_the_same_bytes(seed: int) -> No
         expected += pieces[-1][0]
     parts = plan_parts(segments_of(pieces), min_part=100, max_copy=300, max_put=250)
     assert assembled(parts, {"s3://b/base": base}) == expected
-    assert all(p.size >= 100 for p in parts[:-1])
-    assert all(p.size <= 300 for p in parts if p.source)
-    assert all(p.size <= 2 * 250 for p in parts if not p.source)
+    follow_s3s_rules(parts, 100, 300, 250)
+    new_bytes = sum(len(d) for d, source, _ in pieces if not source)
+    # through the worker: the new bytes, and at most a minimum part of the base's (a short first run, topped up)
+    assert len(expected) - copied_bytes(parts) <= new_bytes + 100
     copyable = [len(d) for d, source, _ in pieces if source]
     if any(n >= 200 for n in copyable):  # a run of twice the minimum is always copied, at least in part
         assert copied_bytes(parts) > 0
+    if pieces[0][1] and len(pieces[0][0]) >= 100:  # a whole first run: no byte of the base through the worker
+        assert len(expected) - copied_bytes(parts) == new_bytes
+
+
+def test_a_short_run_joins_the_last_minimum_part_before_it_in_the_store() -> None:
+    """A run shorter than the minimum between two long ones is not uploaded: it becomes a temporary object with
+    the last minimum part of the run before it (so only that much is copied twice); a short first run is the
+    only base bytes that go through the worker."""
+    base = bytes(range(256)) * 8
+    parts = plan_parts(segments_of([(base[:500], "s3://b/base", 0), (base[600:630], "s3://b/base", 600),
+                                    (base[700:1100], "s3://b/base", 700), (b"new", None, 0)]), min_part=100)
+    assert [(p.source, p.offset, p.length) for p in parts[:1]] == [("s3://b/base", 0, 400)]
+    assert [(p.source, p.offset, p.length) for p in parts[1].parts] == [("s3://b/base", 400, 100),
+                                                                        ("s3://b/base", 600, 30)]
+    assert [(p.source, p.offset, p.length) for p in parts[2:3]] == [("s3://b/base", 700, 400)]
+    assert parts[3].body() == b"new" and len(parts) == 4
+    assert copied_bytes(parts) == 930
+    first_short = plan_parts(segments_of([(base[:30], "s3://b/base", 0), (base[40:400], "s3://b/base", 40)]),
+                             min_part=100)
+    assert [p.source for p in first_short] == [None, "s3://b/base"]
+    assert first_short[0].body() == base[:30] + base[40:110] and copied_bytes(first_short) == 290
 
 
 def test_compose_copies_long_runs_in_the_store(s3_storage: Storage, bucket: str) -> None:
@@ -80,11 +116,13 @@ def test_compose_copies_long_runs_in_the_store(s3_storage: Storage, bucket: str)
     digest = hashlib.sha256(expected).hexdigest()
     copied = s3_storage.compose(dst, segments_of(pieces), digest, {base_uri: tag})
     assert s3_storage.read_bytes(dst) == expected
-    # the first run whole; the last one less the bytes that topped the uploaded part before it up to 5 MiB
-    assert copied == 6 * MiB + 12 * MiB - (MIN_PART - 3 * MiB - 1000)
+    # every kept byte: the 1000-byte run and the 3 MiB upload went into a temporary object after the first run
+    assert copied == 6 * MiB + 1000 + 12 * MiB
     assert s3_storage.sha256_of(dst) == digest
     head = s3_storage.s3.head_object(Bucket=bucket, Key="new")
-    assert head["ETag"].strip('"').endswith("-4")  # copy, upload (topped up), copy, upload
+    assert head["ETag"].strip('"').endswith("-3")  # the temporary object (copied whole), a copy, an upload
+    listed = {o["Key"] for o in s3_storage.s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert listed == {"base", "new"}  # the temporary objects are gone
     s3_storage.copy(dst, f"s3://{bucket}/published", sha256=digest)  # what publish does
     assert s3_storage.sha256_of(f"s3://{bucket}/published") == digest
 
@@ -120,8 +158,8 @@ def noise_png(rng: np.random.Generator, side: int = 560) -> bytes:
 
 def test_a_night_on_s3_copies_kept_runs_in_the_store(s3_storage: Storage, bucket: str, tmp_path: Path) -> None:
     """A 30 MB train shard loses two records in its middle and gains one: the night's shard is the reference
-    rewrite byte for byte, its long kept runs were copied by the store (bytes through the worker: the new
-    record and the short top-ups), and TensorFlow reads the published version."""
+    rewrite byte for byte, its kept runs were copied by the store (bytes through the worker: the new record, and
+    a top-up only where the first run is short), and TensorFlow reads the published version."""
     rng = np.random.default_rng(3)
     folder = tmp_path / "src"
     for label in ("grain", "static"):

@@ -33,7 +33,7 @@ from .deadlines import (
     translate,
     within,
 )
-from .multipart import MAX_PARTS, Part, Segment, copied_bytes, plan_parts
+from .multipart import MAX_PARTS, Part, Segment, copied_bytes, part_count, plan_parts
 
 ClientFactory = Callable[[], Any]
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
@@ -263,12 +263,14 @@ class S3Store(Store):
     def compose(self, dst: str, segments: list[Segment], sha256: str, if_match: dict[str, str] | None = None
                 ) -> int:
         """Write the object ``dst`` as ``segments`` in order (``multipart.plan_parts``): byte ranges of other
-        objects large enough are copied by the store (``UploadPartCopy``, each source only while its ETag is
-        still ``if_match[source]``), the rest is uploaded; the whole object's SHA-256, ``sha256``, goes into
-        its metadata. Nothing is visible at ``dst`` until the upload completes; a failed one is aborted.
-        Returns the bytes the store copied (0: one PUT of the whole, when no range is worth copying)."""
+        objects are copied by the store (``UploadPartCopy``, each source only while its ETag is still
+        ``if_match[source]``), new bytes are uploaded; a short run between two others first becomes a temporary
+        object with the 5 MiB before it (``dst`` + ``.part-N``, deleted once ``dst`` is complete). The whole
+        object's SHA-256, ``sha256``, goes into its metadata. Nothing is visible at ``dst`` until the upload
+        completes; a failed one is aborted. Returns the bytes of ``dst`` the store copied (0: one PUT of the
+        whole, when no range is worth copying)."""
         parts = plan_parts(segments)
-        if not copied_bytes(parts) or len(parts) > MAX_PARTS:
+        if not copied_bytes(parts) or part_count(parts) > MAX_PARTS:
             with tempfile.TemporaryFile() as whole:  # bounded memory: the segments may be a whole shard
                 for segment in segments:
                     for start in range(0, segment.length, BODY_CHUNK):
@@ -276,18 +278,42 @@ class S3Store(Store):
                 whole.seek(0)
                 self._put(dst, whole, sha256)
             return 0
+        conditions, temporary = dict(if_match or {}), []
+        try:
+            flat = [self._made(dst, part, conditions, temporary) for part in parts]
+            self._multipart(dst, flat, conditions, {"sha256": sha256})
+        finally:
+            for uri in temporary:
+                with contextlib.suppress(Exception):
+                    self.delete(uri)
+        return copied_bytes(parts)
+
+    def _made(self, dst: str, part: Part, conditions: dict[str, str], temporary: list[str]) -> Part:
+        """``part`` as a plain copy or upload: a temporary object's parts are written first (its ETag joins
+        ``conditions``, so the copy of it is of what was written)."""
+        if part.parts is None:
+            return part
+        inner = [self._made(dst, p, conditions, temporary) for p in part.parts]
+        uri = f"{dst}.part-{len(temporary) + 1}"
+        temporary.append(uri)
+        conditions[uri] = self._multipart(uri, inner, conditions)
+        return Part(uri, 0, part.size)
+
+    def _multipart(self, dst: str, parts: list[Part], conditions: dict[str, str],
+                   metadata: dict[str, str] | None = None) -> str:
+        """One multipart upload of plain ``parts`` to ``dst``; its ETag. Aborted if a part fails."""
         bucket, key = split_s3(dst)
         upload = self._call(dst, "create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256",
-                            Metadata={"sha256": sha256})["UploadId"]
+                            **({"Metadata": metadata} if metadata else {}))["UploadId"]
         try:
-            done = [self._part(dst, upload, number, part, if_match or {}) for number, part in enumerate(parts, 1)]
-            self._call(dst, "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
-                       MultipartUpload={"Parts": done})
+            done = [self._part(dst, upload, number, part, conditions) for number, part in enumerate(parts, 1)]
+            answer = self._call(dst, "complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload,
+                                MultipartUpload={"Parts": done})
         except BaseException:
             with contextlib.suppress(Exception):
                 self._call(dst, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload)
             raise
-        return copied_bytes(parts)
+        return str(answer.get("ETag", ""))
 
     def _part(self, dst: str, upload: str, number: int, part: Part, if_match: dict[str, str]) -> dict[str, Any]:
         """Copy or upload one part; its entry for CompleteMultipartUpload."""
@@ -301,7 +327,7 @@ class S3Store(Store):
                                 **common)
             return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": answer["ChecksumSHA256"]}
         sbucket, skey = split_s3(part.source)
-        condition = {"CopySourceIfMatch": if_match[part.source]} if part.source in if_match else {}
+        condition = {"CopySourceIfMatch": if_match[part.source]} if if_match.get(part.source) else {}
         try:
             answer = self._call(dst, "upload_part_copy", CopySource={"Bucket": sbucket, "Key": skey},
                                 CopySourceRange=f"bytes={part.offset}-{part.offset + part.length - 1}", **condition,
