@@ -128,9 +128,12 @@ def _bars(enabled: bool) -> stages.ProgressFactory:
 
     @contextlib.contextmanager
     def bar(stage: str, total: int) -> Iterator[stages.Progress]:
+        if not enabled:  # no bars: tqdm is not even imported (tens of ms of a small night)
+            yield lambda count=1: None
+            return
         from tqdm import tqdm
 
-        with tqdm(total=total, desc=stage, unit="img", file=sys.stderr, leave=False, disable=not enabled) as t:
+        with tqdm(total=total, desc=stage, unit="img", file=sys.stderr, leave=False) as t:
             yield t.update
 
     return bar

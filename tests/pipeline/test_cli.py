@@ -258,3 +258,18 @@ def test_as_of_builds_the_source_as_it_was(sample_dir: Path, tmp_path: Path) -> 
     bad = run_cli("build", "--source", str(source), "--destination", str(dest), "--dataset", "d", "--version", "x",
                   "--as-of", "yesterday")
     assert bad.returncode == 2 and "as_of must be an ISO 8601 time" in bad.stderr
+
+
+def test_a_build_without_bars_never_imports_tqdm(sample_dir: Path, tmp_path: Path) -> None:
+    """--no-progress (or no terminal): the stages count into nothing, and tqdm is not imported at all."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from image_tfrecords.cli import main; code = main(sys.argv[1:]); "
+              "print('tqdm' in sys.modules); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", script, "build", "--source", str(sample_dir), "--destination",
+                             str(tmp_path / "out"), "--dataset", "d", "--version", "v1", "--no-progress"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "False"
+    assert (tmp_path / "out" / "d" / "v1" / "_SUCCESS").exists()
