@@ -23,7 +23,7 @@ from image_tfrecords.shards.writer import rewrite_shard
 from image_tfrecords.staging import PLAN, RECEIPTS, SHARDS, staged
 from image_tfrecords.storage import Segment, Storage, join, split_s3
 from image_tfrecords.storage.documents import read_json
-from image_tfrecords.storage.multipart import copied_bytes, plan_parts
+from image_tfrecords.storage.multipart import MIN_PART, copied_bytes, plan_parts
 from tests.pipeline.test_incremental import Source, build, config, read
 
 MiB = 1 << 20
@@ -73,13 +73,16 @@ def test_planned_parts_follow_s3s_rules_and_give_the_same_bytes(seed: int) -> No
     assert assembled(parts, {"s3://b/base": base}) == expected
     follow_s3s_rules(parts, 100, 300, 250)
     new_bytes = sum(len(d) for d, source, _ in pieces if not source)
-    # through the worker: the new bytes, and at most a minimum part of the base's (a short first run, topped up)
-    assert len(expected) - copied_bytes(parts) <= new_bytes + 100
+    # through the worker: the new bytes, and at most a minimum part of the base's for a short first run and for
+    # each short run right after another (topped up)
+    short_runs = sum(1 for d, source, _ in pieces if source and len(d) < 100)
+    assert len(expected) - copied_bytes(parts) <= new_bytes + 100 * (1 + short_runs)
+    assert all(inner.parts is None for p in parts if p.parts is not None for inner in p.parts)  # never nested
     copyable = [len(d) for d, source, _ in pieces if source]
     if any(n >= 200 for n in copyable):  # a run of twice the minimum is always copied, at least in part
         assert copied_bytes(parts) > 0
-    if pieces[0][1] and len(pieces[0][0]) >= 100:  # a whole first run: no byte of the base through the worker
-        assert len(expected) - copied_bytes(parts) == new_bytes
+    if all(len(d) >= 100 for d, source, _ in pieces if source) and pieces[0][1]:
+        assert len(expected) - copied_bytes(parts) == new_bytes  # whole runs: no byte of the base through the worker
 
 
 def test_a_short_run_joins_the_last_minimum_part_before_it_in_the_store() -> None:
@@ -101,6 +104,23 @@ def test_a_short_run_joins_the_last_minimum_part_before_it_in_the_store() -> Non
     assert first_short[0].body() == base[:30] + base[40:110] and copied_bytes(first_short) == 290
 
 
+def test_many_short_runs_side_by_side_never_nest_temporary_objects() -> None:
+    """A 10 MiB run, then 600 runs of 100 KB (every other record dropped, as when a label is removed): no
+    temporary object holds another (each would copy the last again: quadratic), nothing recurses, and what
+    goes through the worker is bounded by the top-ups (at most one minimum part per two short runs)."""
+    base_length = 10 * MiB + 1200 * 100_000
+    segments = [Segment(10 * MiB, lambda start, count: bytes(count), "s3://b/base", 0)]
+    segments += [Segment(100_000, lambda start, count: bytes(count), "s3://b/base", 10 * MiB + 200_000 * k)
+                 for k in range(600)]
+    parts = plan_parts(segments)
+    assert all(inner.parts is None for p in parts if p.parts is not None for inner in p.parts)
+    assert all(p.size >= MIN_PART for p in parts[:-1])
+    total = 10 * MiB + 600 * 100_000
+    assert sum(p.size for p in parts) == total < base_length
+    assert copied_bytes(parts) <= total  # the store copies each kept byte at most once, plus the joined tails
+    assert total - copied_bytes(parts) <= (600 // 2 + 1) * MIN_PART
+
+
 def test_compose_copies_long_runs_in_the_store(s3_storage: Storage, bucket: str) -> None:
     """Long runs of the base object are copied server-side, short ones and new bytes uploaded; the object is
     exactly the segments, and its SHA-256 is the whole object's (from its metadata), also after a copy."""
@@ -116,11 +136,12 @@ def test_compose_copies_long_runs_in_the_store(s3_storage: Storage, bucket: str)
     digest = hashlib.sha256(expected).hexdigest()
     copied = s3_storage.compose(dst, segments_of(pieces), digest, {base_uri: tag})
     assert s3_storage.read_bytes(dst) == expected
-    # every kept byte: the 1000-byte run and the 3 MiB upload went into a temporary object after the first run
-    assert copied == 6 * MiB + 1000 + 12 * MiB
+    # the 1000-byte run joined the first run in a temporary object; the 3 MiB upload after that object is topped
+    # up to 5 MiB with the first bytes of the last run
+    assert copied == 6 * MiB + 1000 + 12 * MiB - (MIN_PART - 3 * MiB)
     assert s3_storage.sha256_of(dst) == digest
     head = s3_storage.s3.head_object(Bucket=bucket, Key="new")
-    assert head["ETag"].strip('"').endswith("-3")  # the temporary object (copied whole), a copy, an upload
+    assert head["ETag"].strip('"').endswith("-4")  # the temporary object (copied whole), an upload, a copy, an upload
     listed = {o["Key"] for o in s3_storage.s3.list_objects_v2(Bucket=bucket)["Contents"]}
     assert listed == {"base", "new"}  # the temporary objects are gone
     s3_storage.copy(dst, f"s3://{bucket}/published", sha256=digest)  # what publish does

@@ -110,11 +110,11 @@ def plan_parts(segments: Iterable[Segment], min_part: int = MIN_PART, max_copy: 
     for segment in segments:
         for atom in _atoms(segment, max_copy, max_put):
             if atom.size:
-                _append(parts, atom, min_part, max_put)
+                _append(parts, atom, min_part, max_copy, max_put)
     return parts
 
 
-def _append(parts: list[Part], atom: Part, min_part: int, max_put: int) -> None:
+def _append(parts: list[Part], atom: Part, min_part: int, max_copy: int, max_put: int) -> None:
     """Add ``atom`` after ``parts``, first making the part it follows at least ``min_part`` bytes (every part
     but the last must be)."""
     last = parts[-1] if parts else None
@@ -124,15 +124,19 @@ def _append(parts: list[Part], atom: Part, min_part: int, max_put: int) -> None:
     if last is None or last.size >= min_part:
         parts.append(atom)
         return
-    if len(parts) >= 2:  # a short part after a whole one: both, or the whole one's last min_part bytes, in the store
-        before = parts[-2]
+    before = parts[-2] if len(parts) >= 2 else None
+    if before is not None and before.parts is None:
+        # a short part after a whole one: both, or the whole one's last min_part bytes, joined in the store
         if before.source is not None and before.length >= 2 * min_part:
             parts[-1] = Part(parts=[before.take_tail(min_part), last])
-        else:
+            parts.append(atom)
+            return
+        if before.size + last.size <= max_copy:  # the joined object is copied whole: one part
             parts[-2:] = [Part(parts=[before, last])]
-        parts.append(atom)
-        return
-    # the first part is short and has nothing before it: uploaded, topped up from what follows
+            parts.append(atom)
+            return
+    # a short part with nothing before it, or after a temporary object (never nested: short runs side by side
+    # would copy each other over and over): uploaded, topped up from what follows
     if last.source is not None:
         parts[-1] = last = Part(pieces=last.pieces)
     need = min_part - last.size

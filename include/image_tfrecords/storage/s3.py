@@ -14,6 +14,7 @@ deadline and its failures become one line naming endpoint and bucket (see ``dead
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from .deadlines import (
 from .multipart import MAX_PARTS, Part, Segment, copied_bytes, part_count, plan_parts
 
 ClientFactory = Callable[[], Any]
+log = logging.getLogger("image_tfrecords")
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 
 
@@ -284,8 +286,10 @@ class S3Store(Store):
             self._multipart(dst, flat, conditions, {"sha256": sha256})
         finally:
             for uri in temporary:
-                with contextlib.suppress(Exception):
+                try:
                     self.delete(uri)
+                except Exception as exc:  # left in the staging prefix, which is removed whole after the publish
+                    log.warning("compose: cannot delete the temporary object %s (%s)", uri, exc)
         return copied_bytes(parts)
 
     def _made(self, dst: str, part: Part, conditions: dict[str, str], temporary: list[str]) -> Part:
