@@ -104,7 +104,7 @@ def _framed(runs: list[list[int]], index_proven: bool) -> Any:
 
 
 def _check_framing(view: memoryview, starts: Any, lengths: Any, kept: Any) -> None:
-    """Each kept record's length field agrees with the index and carries its CRC: the headers are gathered and
+    """Each record of ``kept`` has the length field the index gives and its CRC: the headers are gathered and
     compared as columns, and the CRCs taken in one loop with no per-record Python beyond the call."""
     import numpy as np
 
