@@ -19,7 +19,6 @@ The reuse, write and validate stages are built on ``shards`` (writing, splicing 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -138,24 +137,6 @@ def _silent(_name: str, _total: int) -> Iterator[Progress]:
     yield no_progress
 
 
-def _beside_each_other(run: Callable[..., Any], cfg: BuildConfig, storage: Storage, shards: list[str],
-                       done: Callable[[int], None], workers: int, pool: Executor) -> None:
-    """Write a few shards at once, a thread each, every shard's new records made by the whole ``pool``: a
-    spliced shard's work is copying and hashing in C (``os.copy_file_range``, ``hashlib``), which leaves the
-    GIL, so a night's few rewritten shards keep every core busy instead of taking turns."""
-    lock = threading.Lock()
-
-    def counted(count: int = 1) -> None:
-        with lock:
-            done(count)
-
-    with ThreadPoolExecutor(max(1, len(shards)), thread_name_prefix="shard") as threads:
-        jobs = [threads.submit(run, cfg, storage, shard, counted, read_workers=workers, processes=pool)
-                for shard in shards]
-        for job in jobs:  # every shard's result, so the first failure raises (after the others end)
-            job.result()
-
-
 def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = None, workers: int = 1,
                  progress: ProgressFactory = _silent, force: bool = False,
                  before_publish: Callable[[], None] = lambda: None) -> dict[str, Any]:
@@ -186,7 +167,8 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 shards = all_shards(cfg, storage)
                 with progress(stage.name, results["plan"]["records_to_write"]) as done:
                     if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
-                        _beside_each_other(stage.run, cfg, storage, shards, done, workers, pool)
+                        for shard in shards:  # one at a time, each shard's records made by the whole pool
+                            stage.run(cfg, storage, shard, done, read_workers=workers, processes=pool)
                     else:  # a shard per process (4 threads each for S3's latency; one locally), or all here
                         mapper = pool.map if pool is not None else map
                         threads = (4 if is_s3(cfg.source) else 1) if pool is not None else workers
