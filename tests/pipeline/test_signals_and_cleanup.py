@@ -265,6 +265,51 @@ def test_signal_stops_build_cleanly_and_rerun_resumes(signame: str, phase: str, 
     assert json.loads((dest / DATASET / "latest.json").read_text())["version"] == "v1"
 
 
+def test_sigterm_while_a_night_splices_its_shards_side_by_side_stops_promptly(sample_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    """A night whose few shards are all spliced (each on a thread of its own, their new records made by the
+    pool, every read slowed): SIGTERM stops it within seconds, not after every shard in flight is done (a
+    thread stops after the pool call it waits for: 8 records, 1.2 s here), and the same command again
+    publishes every image."""
+    from image_tfrecords.images.sample import make_sample
+
+    src, dest = _source(sample_dir, tmp_path), tmp_path / "out"
+    first = _run_cli(tmp_path, *_build_args(src, dest, "v1"))
+    assert first.returncode == 0, first.stderr
+    more = tmp_path / "more"
+    make_sample(str(more), per_class=6, seed=77)
+    for path in more.rglob("*.*"):  # new images into the class folders, under names of their own
+        path.rename(src / path.parent.name / f"new-{path.name}")
+    staging = _staging(dest, "v2")
+    proc = _start_slow(tmp_path, _build_args(src, dest, "v2"), SLOW_WRITE="0.15")
+    workers: list[psutil.Process] = []
+    try:
+        _wait_for("the shards being spliced", lambda: (staging / stages.PLAN).is_file()
+                  and len(_children(proc.pid)) >= 2 and _temporaries(staging / "shards"), proc)
+        plan = json.loads((staging / stages.PLAN).read_text())
+        assert len(plan["rewrite"]) >= 2 and not [s for t in plan["tasks"] for s in t if s not in plan["rewrite"]]
+        time.sleep(0.3)
+        workers = _children(proc.pid)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = _finish(proc, 60)
+        took = time.monotonic() - sent
+        still = [w.pid for w in workers if not _gone(w)]
+    finally:
+        _reap(proc, workers)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert took < 3, f"took {took:.1f} s to stop"
+    assert one_line(err).startswith("interrupted by SIGTERM")
+    assert not still, f"workers outlived the CLI: {still}"
+    assert not (staging / LOCK_FILE).exists()
+    rerun = _run_cli(tmp_path, *_build_args(src, dest, "v2"))
+    assert rerun.returncode == 0, rerun.stderr
+    manifest, splits = read_version(Storage(), str(dest / DATASET / "v2"))
+    names = sorted(r["image/filename"].decode() for records in splits.values() for r in records)
+    assert names == sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+    assert manifest["build"]["mode"] == "incremental" and manifest["build"]["shards_spliced"] >= 2
+
+
 # -- 4. SIGKILL: the workers die with the parent; the dead holder's lock is taken over -------------------
 def test_sigkill_workers_die_with_parent_and_lock_is_taken_over(sample_dir: Path, tmp_path: Path) -> None:
     src, dest = _source(sample_dir, tmp_path), tmp_path / "out"

@@ -57,7 +57,7 @@ from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
 from .validate import validate_stage
-from .write import write_and_check, write_task
+from .write import write_and_check, write_few, write_task
 
 __all__ = [
     "DISCOVERED",
@@ -167,8 +167,7 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 shards = all_shards(cfg, storage)
                 with progress(stage.name, results["plan"]["records_to_write"]) as done:
                     if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
-                        for shard in shards:  # one at a time, each shard's records made by the whole pool
-                            stage.run(cfg, storage, shard, done, read_workers=workers, processes=pool)
+                        write_few(cfg, storage, shards, done, workers, pool, stage.run)  # spliced ones side by side
                     else:  # a shard per process (4 threads each for S3's latency; one locally), or all here
                         mapper = pool.map if pool is not None else map
                         threads = (4 if is_s3(cfg.source) else 1) if pool is not None else workers
