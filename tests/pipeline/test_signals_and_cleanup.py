@@ -204,6 +204,12 @@ def _stage_until_plan(src: Path, dest: str, version: str, storage: Storage | Non
     return cfg.staging_uri
 
 
+def _writing(proc: subprocess.Popen[str], staging: Path, what: str = "a shard being written") -> None:
+    """Wait until the build's pool runs and a shard is being written (its temporary folder exists)."""
+    _wait_for(what, lambda: (staging / stages.PLAN).is_file() and len(_children(proc.pid)) >= 2
+              and _temporaries(staging / "shards"), proc)
+
+
 def _age(folder: Path, hours: float) -> None:
     past = time.time() - hours * 3600
     for path in [folder, *folder.rglob("*")]:
@@ -225,9 +231,7 @@ def test_signal_stops_build_cleanly_and_rerun_resumes(signame: str, phase: str, 
             _wait_for("2 workers and discovered.csv",
                       lambda: len(_children(proc.pid)) >= 2 and (staging / stages.DISCOVERED).is_file(), proc)
         else:  # a worker is inside write_shard: its temporary folder exists in staging/shards
-            _wait_for("a shard being written",
-                      lambda: (staging / stages.PLAN).is_file() and len(_children(proc.pid)) >= 2
-                      and _temporaries(staging / "shards"), proc)
+            _writing(proc, staging)
         time.sleep(0.3)
         workers = _children(proc.pid)
         assert len(workers) >= 2
@@ -284,8 +288,7 @@ def test_sigterm_while_a_night_splices_its_shards_side_by_side_stops_promptly(sa
     proc = _start_slow(tmp_path, _build_args(src, dest, "v2"), SLOW_WRITE="0.15")
     workers: list[psutil.Process] = []
     try:
-        _wait_for("the shards being spliced", lambda: (staging / stages.PLAN).is_file()
-                  and len(_children(proc.pid)) >= 2 and _temporaries(staging / "shards"), proc)
+        _writing(proc, staging, "the shards being spliced")
         plan = json.loads((staging / stages.PLAN).read_text())
         assert len(plan["rewrite"]) >= 2 and not [s for t in plan["tasks"] for s in t if s not in plan["rewrite"]]
         time.sleep(0.3)
@@ -317,8 +320,7 @@ def test_sigkill_workers_die_with_parent_and_lock_is_taken_over(sample_dir: Path
     proc = _start_slow(tmp_path, _build_args(src, dest, "v1"), SLOW_WRITE="0.5")
     workers: list[psutil.Process] = []
     try:
-        _wait_for("a shard being written", lambda: (staging / stages.PLAN).is_file()
-                  and len(_children(proc.pid)) >= 2 and _temporaries(staging / "shards"), proc)
+        _writing(proc, staging)
         workers = _children(proc.pid)
         assert len(workers) >= 2
         os.kill(proc.pid, signal.SIGKILL)
