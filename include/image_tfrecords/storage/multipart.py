@@ -8,8 +8,10 @@ at least ``MIN_PART`` bytes (5 MiB), none more than 5 GiB, at most 10,000 parts.
 short before another (a short run between two deleted records) is joined, in the store, to the last
 5 MiB of the part before it: the two become a temporary object of their own (a multipart upload whose
 last part may be short), copied whole into the shard (``Part.parts``), so no kept byte goes through the
-worker. Only a short part at the very start has no part before it: it is uploaded, topped up to 5 MiB
-with the first bytes of what follows.
+worker. Two short parts are still uploaded, topped up to 5 MiB with the first bytes of what follows (at
+most 5 MiB of kept bytes each): one at the very start, which has no part before it, and one right after a
+temporary object (joining it too would nest them, each copying the last again: short runs side by side
+would cost the store bytes quadratic in their number).
 """
 
 from __future__ import annotations
