@@ -72,6 +72,8 @@ def write_few(cfg: BuildConfig, storage: Storage, shards: list[str], done: Progr
     next record (or after the kept runs it is copying): the build ends as it would anyway."""
     plan = read_json(storage, staged(cfg, PLAN))
     spliced = [s for s in shards if (origin := plan["rewrite"].get(s)) is not None and can_splice(cfg, origin)]
+    if len(spliced) < 2:  # nothing to put side by side: on this thread, where a SIGTERM stops it at once
+        spliced = []
     stop, lock = threading.Event(), threading.Lock()
 
     def counted(count: int = 1) -> None:
