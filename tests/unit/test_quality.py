@@ -62,19 +62,21 @@ def test_signals_are_scale_free_enough_to_take_from_a_thumbnail() -> None:
 
 @pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "P"])
 def test_thumbnail_numbers_are_the_direct_ones(mode: str) -> None:
-    """One matrix product gives what the definitions say: grey within rounding of Pillow's mode L, the
-    colourfulness the mean of max - min over R, G, B; the moments about the mean, not by cancellation
-    (Pillow rounds its fixed-point luma: 0.501 at most)."""
+    """The exact sums give what the definitions say: grey within rounding of Pillow's mode L, the colourfulness
+    the mean of max - min over R, G, B, the moments those of the grey levels and of their Laplacian."""
     image = noise(90, 70, seed=7).convert(mode)
     thumb = thumbnail(image)
-    rgb = np.asarray(image.convert("RGB"), dtype=np.int32)
-    assert thumb.grey.shape == (70, 90)
-    assert np.abs(thumb.grey - np.asarray(image.convert("RGB").convert("L"), dtype=np.float32)).max() < 0.51
+    rgb = np.asarray(image.convert("RGB"), dtype=np.float64)
+    grey = np.asarray(image.convert("L"), dtype=np.float64) if mode == "L" else rgb @ [0.299, 0.587, 0.114]
+    assert (thumb.width, thumb.height) == (90, 70)
+    assert np.abs(grey - np.asarray(image.convert("RGB").convert("L"), dtype=np.float64)).max() < 0.51
     expected = 0.0 if mode == "L" else float((rgb.max(axis=2) - rgb.min(axis=2)).mean())
-    assert thumb.colourfulness == pytest.approx(expected, abs=1e-3)
+    assert thumb.colourfulness == pytest.approx(expected, abs=1e-9)
+    laplacian = 4 * grey[1:-1, 1:-1] - grey[:-2, 1:-1] - grey[2:, 1:-1] - grey[1:-1, :-2] - grey[1:-1, 2:]
     quality = signals(thumb, 90, 70, 3)
-    assert quality.brightness == pytest.approx(float(thumb.grey.mean()), abs=1e-3)
-    assert quality.contrast == pytest.approx(float(thumb.grey.astype(np.float64).std()), abs=1e-3)
+    assert quality.brightness == pytest.approx(float(grey.mean()), abs=1e-9)
+    assert quality.contrast == pytest.approx(float(grey.std()), abs=1e-9)
+    assert quality.sharpness == pytest.approx(float(laplacian.var()) / (float(grey.var()) + 1), rel=1e-9)
 
 
 def test_sixteen_bit_grey_is_scaled_not_clipped() -> None:

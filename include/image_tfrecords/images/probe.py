@@ -57,7 +57,6 @@ from ..errors import RejectedImage
 from ..options import MAX_PIXELS
 from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
-from .perceptual import hash_of_grey
 from .png_stream import check_png_stream
 from .quality import Quality, signals
 from .thumbnail import thumbnail
@@ -356,8 +355,8 @@ def _thumbnail_facts(image: Any, fmt: str, width: int, height: int, channels: in
     try:
         if fmt == "png":
             image.load()
-        thumb = thumbnail(image)  # one copy of the pixels for both
-        phash = hash_of_grey(thumb.grey)
+        thumb = thumbnail(image)  # one pass over the pixels for both
+        phash = thumb.phash
     except Exception:
         return "", _UNMEASURED
     try:

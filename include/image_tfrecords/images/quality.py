@@ -59,17 +59,10 @@ def measure(image: Any, width: int, height: int, channels: int) -> Quality:
 
 def signals(thumb: Thumbnail, width: int, height: int, channels: int) -> Quality:
     """The signals of a ``thumbnail`` of a stored image of ``width`` x ``height`` pixels with ``channels``
-    channels, and its flags. Variances are taken about the mean, with numpy's sums (pairwise, the same on every
-    CPU), not BLAS products."""
-    grey = thumb.grey
-    brightness = float(grey.sum()) / max(1, grey.size)
-    centred = grey - brightness
-    variance = float((centred * centred).sum()) / max(1, centred.size)
-    sharpness = None
-    if grey.shape[0] > 2 and grey.shape[1] > 2:
-        detail = grey[1:-1, 1:-1] * 4 - grey[:-2, 1:-1] - grey[2:, 1:-1] - grey[1:-1, :-2] - grey[1:-1, 2:]
-        detail -= float(detail.sum()) / detail.size
-        sharpness = float((detail * detail).sum()) / detail.size / (variance + 1.0)
+    channels, and its flags. The thumbnail's sums are exact integers, so each signal is one division away
+    from them: the same on every CPU."""
+    brightness, variance, detail = thumb.brightness, thumb.variance, thumb.detail_variance
+    sharpness = None if detail is None else detail / (variance + 1.0)
     contrast, colourfulness = variance ** 0.5, thumb.colourfulness
     return Quality(brightness, contrast, sharpness, colourfulness,
                    flags(brightness, contrast, sharpness, colourfulness, width, height, channels))

@@ -1,38 +1,108 @@
-"""An image's thumbnail as numbers: its grey levels and its colourfulness, from one copy of its pixels.
+"""An image's thumbnail as the exact sums its perceptual hash and quality signals are made of.
 
 The perceptual hash (``perceptual``) and the quality signals (``quality``) are both taken from this. A
 JPEG's thumbnail is its 1/8-scale decode (inspection has it already); any other image is reduced here to at
-most ``SIDE`` pixels on its longest side. Pillow hands the pixels over once (``tobytes``); per pixel, the
-grey level is ITU-R 601 luma (as Pillow's mode L, unrounded), and ``max(R, G, B) - min(R, G, B)`` is half
-the sum of ``|R-G|``, ``|G-B|`` and ``|B-R|``, so the colourfulness needs no per-pixel maximum. Every step
-is a handful of numpy calls, whatever the size: at a JPEG thumbnail's few thousand pixels their fixed cost
-is what counts. No BLAS (matrix products, ``dot``): its kernels round differently on other CPUs.
+most ``SIDE`` pixels on its longest side. Pillow hands the pixels over once (``tobytes``).
+
+Everything is integer arithmetic, so the numbers are exact: the same on every CPU, and the same from the
+compiled pass (``_thumbstats``, built with the package where a C compiler is at hand: one call an image,
+about 10 us for a JPEG's thumbnail) and from the numpy fallback here (a dozen calls; tests compare the
+two). A pixel's grey level is 1000 x its ITU-R 601 luma, ``299 R + 587 G + 114 B`` (Pillow's mode L
+unrounded); ``max(R, G, B) - min(R, G, B)`` is half of ``|R-G| + |G-B| + |B-R|``, so the colourfulness
+needs no per-pixel maximum.
+
+The hash (pHash): the grey levels averaged into 32 x 32 cells (box filter: each cell the mean of the pixels,
+or parts of pixels, it covers; the parts are multiples of 1/32 pixel, so the sums are whole numbers; they are
+divided by the power of two nearest below the pixel count, rounding down, which keeps the DCT's products in 64
+bits and scales every cell alike), the 8 x 8 lowest frequencies of their DCT-II with the DCT's rows in 13-bit fixed
+point (``dct_rows``), and one bit per coefficient but the DC term: above the median of the 63 or not.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cache, lru_cache
 from typing import Any
 
 SIDE = 256  # the longest side the numbers are taken at
-_LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as Pillow's mode L
+CELLS = 32  # the hash averages the grey levels into CELLS x CELLS
+LOW = 8  # the LOW x LOW lowest frequencies give the hash's bits (less the DC term)
+BITS = LOW * LOW - 1  # 63
+DCT_ONE = 1 << 13  # the DCT rows' fixed point: 1.0
+LUMA = (299, 587, 114)  # ITU-R 601 x 1000, as Pillow's mode L (unrounded)
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # grey levels of 0-65535 (PNG's 16-bit grey)
+
+try:  # built with the package where a C compiler was at hand (pyproject.toml's ext-modules)
+    from . import _thumbstats
+except ImportError:  # pragma: no cover - depends on how the package was installed
+    _thumbstats = None
 
 
 @dataclass(frozen=True)
 class Thumbnail:
-    """``grey``: a float32 array of height x width grey levels (0-255); ``colourfulness``: the mean over
-    pixels of max(R, G, B) - min(R, G, B) (0 for an image stored as grey)."""
+    """The sums of a ``width`` x ``height`` thumbnail's grey levels (x 1000): ``s1`` of them, ``s2`` of their
+    squares; ``d1``, ``d2`` the same of the 4-neighbour Laplacian over the inner pixels (0 when a side is
+    under 3 pixels); ``spread`` the sum of ``|R-G| + |G-B| + |B-R|`` (0 for an image stored as grey);
+    ``bits`` the 63-bit perceptual hash."""
 
-    grey: Any
-    colourfulness: float
+    width: int
+    height: int
+    s1: int
+    s2: int
+    d1: int
+    d2: int
+    spread: int
+    bits: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    @property
+    def brightness(self) -> float:
+        """Mean grey level (0-255)."""
+        return self.s1 / (1000 * self.pixels)
+
+    @property
+    def variance(self) -> float:
+        """Variance of the grey levels (0-255 scale), exact until the one division."""
+        n = self.pixels
+        return (n * self.s2 - self.s1 * self.s1) / (n * n * 1_000_000)
+
+    @property
+    def detail_variance(self) -> float | None:
+        """Variance of the Laplacian over the inner pixels; None for a thumbnail too small to have one."""
+        if self.width < 3 or self.height < 3:
+            return None
+        m = (self.width - 2) * (self.height - 2)
+        return (m * self.d2 - self.d1 * self.d1) / (m * m * 1_000_000)
+
+    @property
+    def colourfulness(self) -> float:
+        """Mean over pixels of max(R, G, B) - min(R, G, B)."""
+        return self.spread / (2 * self.pixels)
+
+    @property
+    def phash(self) -> str:
+        """The hash as 16 hex digits (the top bit is always 0)."""
+        return f"{self.bits:016x}"
 
 
-_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # grey levels of 0-65535 (PNG's 16-bit grey)
+@cache
+def dct_rows() -> bytes:
+    """The LOW lowest-frequency rows of the orthonormal DCT-II matrix of size CELLS, times DCT_ONE rounded
+    (int64, row by row): made here once for both passes."""
+    import numpy as np
+
+    rows = [[round(math.cos(math.pi * (2 * x + 1) * k / (2 * CELLS)) * math.sqrt((1 if k else 0.5) * 2 / CELLS)
+                   * DCT_ONE) for x in range(CELLS)] for k in range(LOW)]
+    return np.array(rows, dtype=np.int64).tobytes()
 
 
 def thumbnail(image: Any) -> Thumbnail:
-    """The numbers of an upright Pillow ``image`` (alpha dropped; any mode Pillow converts to RGB; 16-bit
-    grey scaled to 0-255, not clipped)."""
+    """The sums of an upright Pillow ``image`` (alpha dropped; any mode Pillow converts to RGB; 16-bit grey
+    scaled to 0-255, not clipped), reduced to at most SIDE pixels a side first."""
     import numpy as np
     from PIL import Image
 
@@ -44,18 +114,52 @@ def thumbnail(image: Any) -> Thumbnail:
         scale = SIDE / max(image.size)
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                              Image.Resampling.BOX)
-    shape = (image.height, image.width)
+    width, height = image.size
     if image.mode == "I":
-        levels = np.asarray(image, dtype=np.float32).reshape(shape)
-        return Thumbnail(np.clip(levels, 0, 65535) * np.float32(255 / 65535), 0.0)
-    data = np.frombuffer(image.tobytes(), np.uint8)
-    if image.mode == "L":
-        return Thumbnail(data.reshape(shape).astype(np.float32), 0.0)
-    # Element by element, not a matrix product: BLAS kernels round differently from one CPU to another,
-    # and the numbers must depend on the image alone.
-    red, green, blue = data.reshape(-1, 3).T.astype(np.float32)  # three contiguous rows
-    grey = red * np.float32(_LUMA[0])
-    grey += green * np.float32(_LUMA[1])
-    grey += blue * np.float32(_LUMA[2])
-    spread = float(np.abs(red - green).sum() + np.abs(green - blue).sum() + np.abs(blue - red).sum())
-    return Thumbnail(grey.reshape(shape), spread / (2 * max(1, grey.size)))
+        levels = np.clip(np.asarray(image, dtype=np.int64).reshape(height, width), 0, 65535)
+        data, kind = (levels * 255000 // 65535).astype(np.int32).tobytes(), 4
+    else:
+        data, kind = image.tobytes(), 3 if image.mode == "RGB" else 1
+    sums = (_thumbstats.sums if _thumbstats is not None else numpy_sums)(data, width, height, kind, dct_rows())
+    return Thumbnail(width, height, *sums)
+
+
+def numpy_sums(data: bytes, width: int, height: int, kind: int, dct: bytes) -> tuple[int, int, int, int, int, int]:
+    """``_thumbstats.sums`` in numpy (int64 throughout: exact, and no BLAS): the fallback where the package
+    was installed without its compiled part, and the reference the tests hold that part to."""
+    import numpy as np
+
+    spread = 0
+    if kind == 3:
+        rgb = np.frombuffer(data, np.uint8).reshape(-1, 3).T.astype(np.int64)  # three contiguous rows
+        red, green, blue = rgb
+        grey = red * LUMA[0] + green * LUMA[1] + blue * LUMA[2]
+        spread = int(np.abs(red - green).sum() + np.abs(green - blue).sum() + np.abs(blue - red).sum())
+    elif kind == 1:
+        grey = np.frombuffer(data, np.uint8).astype(np.int64) * 1000
+    else:
+        grey = np.clip(np.frombuffer(data, np.int32).astype(np.int64), 0, 255000)
+    grey = grey.reshape(height, width)
+    s1, s2 = int(grey.sum()), int((grey * grey).sum())
+    d1 = d2 = 0
+    if height > 2 and width > 2:
+        detail = grey[1:-1, 1:-1] * 4 - grey[:-2, 1:-1] - grey[2:, 1:-1] - grey[1:-1, :-2] - grey[1:-1, 2:]
+        d1, d2 = int(detail.sum()), int((detail * detail).sum())
+    rows = np.frombuffer(dct, np.int64).reshape(LOW, CELLS)
+    # the cells' sums over 2^floor(log2(pixels)): their means times a scale in [1, 2), which moves no bit
+    means = (_cell_weights(height) @ grey @ _cell_weights(width).T) >> ((width * height).bit_length() - 1)
+    low = (rows @ means @ rows.T).ravel()[1:]
+    bits = low > np.partition(low, BITS // 2)[BITS // 2]  # above the median
+    return s1, s2, d1, d2, spread, int.from_bytes(np.packbits(bits).tobytes(), "big") >> 1
+
+
+@lru_cache(maxsize=512)
+def _cell_weights(size: int) -> Any:
+    """The CELLS x ``size`` int64 matrix of the overlap of each cell with each pixel, in 1/CELLS pixels: cell
+    ``i`` spans [i size, (i + 1) size) and pixel ``p`` [CELLS p, CELLS p + CELLS) in those units."""
+    import numpy as np
+
+    cell = np.arange(CELLS, dtype=np.int64)[:, None]
+    pixel = np.arange(size, dtype=np.int64)[None, :]
+    high = np.minimum((cell + 1) * size, CELLS * pixel + CELLS)
+    return np.clip(high - np.maximum(cell * size, CELLS * pixel), 0, None)

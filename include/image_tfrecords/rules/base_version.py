@@ -45,8 +45,9 @@ RETRIED_REASONS = ("unreadable", "not_a_regular_file")
 COMPACTION_FACTOR = 1.5  # more shards than this times a full build's count: the build is a full rebuild
 # The release whose inspection rules this one keeps: inspected.csv rows of a version inspected by it are
 # taken over. Bump it (to the package version) when inspection concludes otherwise for some file.
-INSPECTOR = "0.7.1"  # 0.6.0: rows carry the perceptual hash (phash); 0.7.0: the quality signals and flags;
-# 0.7.1: both from one copy of the thumbnail's pixels (unrounded grey levels: values move in the 2nd decimal)
+INSPECTOR = "0.7.2"  # 0.6.0: rows carry the perceptual hash (phash); 0.7.0: the quality signals and flags;
+# 0.7.1: both from one copy of the thumbnail's pixels (unrounded grey levels: values move in the 2nd decimal);
+# 0.7.2: both from exact integer sums in one C call (hash bits and 3rd decimals move for a few images)
 FULL_REBUILD = "rebuild in full (--full on the command line, full_rebuild in the DAG)"  # when a base is damaged
 
 
