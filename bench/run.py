@@ -43,7 +43,8 @@ seconds, write ms per image and its difference from the original build's, output
 ``--only options`` runs that section alone.
 What the image signals cost (``--signals``, issue 25; ``bench/signals_cost.py``): full builds and a 1% night of
 one corpus (``--signals`` images, default ``--images``) with the perceptual hash and quality signals and, in
-the same rounds, without them (inspection's thumbnail measurements switched off in the bench's process).
+the same rounds, without them (inspection's thumbnail measurements switched off in the bench's process); at
+least 8 rounds up to 20,000 images (one pair of builds moves by 5-15% here), ``--rounds`` above that.
 ``--only signals`` runs that section alone.
 Random-access readers (``--readers``, issue 26; ``bench/readers.py``): records/s of one version built from the
 main table's corpus, read by ``RecordSource`` alone, through PyTorch's DataLoader (0 and 2 workers) and Grain,
@@ -78,7 +79,7 @@ from bench.incremental import incremental_nights, incremental_targets, render_in
 from bench.main_table import DagRunner, chart, main_table, render, targets  # noqa: E402
 from bench.readers import readers, readers_targets, render_readers  # noqa: E402
 from bench.scaling import dag_on_stack, dag_targets, render_dag_on_stack, render_scaling, scaling, scaling_targets  # noqa: E402
-from bench.signals_cost import render_signals, signals_cost, signals_targets  # noqa: E402
+from bench.signals_cost import SIGNALS_ROUNDS, render_signals, signals_cost, signals_targets  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,7 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         issues.append("26")
     if args.signals and args.only in ("all", "signals"):
         print(f"image signals' cost: {args.signals} images ...", flush=True)
-        data["signals"] = signals_cost(args.signals, work, args.smoke, args.rounds)
+        # a pair of builds moves by 5-15% on this machine: 8 pairs at up to 20,000 images for a median within ~2%
+        rounds = args.rounds if args.smoke or args.signals > 20_000 else max(args.rounds, SIGNALS_ROUNDS)
+        data["signals"] = signals_cost(args.signals, work, args.smoke, rounds)
         text += "\n".join(render_signals(data["signals"])) + "\n"
         rows += signals_targets(data["signals"])
         issues.append("25")

@@ -5,7 +5,8 @@ without them.
 by one that measures nothing; the worker processes are forked from it, so they skip them too): every
 image is still decoded and checked as before, and the card finds no signals to summarise. Nothing else
 differs, so the difference is what the features cost, measured in the same rounds on the same corpus:
-a full build, and a night (the incremental bench's 1% night) on a base built the same way.
+a full build, and a night (the incremental bench's 1% night) on a base built the same way, after one
+full build that is not counted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ WITHOUT = ("import sys; import image_tfrecords.images.probe as p; "
            "p._thumbnail_facts = lambda *a, **k: ('', p._UNMEASURED); "
            "from image_tfrecords.cli import main; sys.exit(main(sys.argv[1:]))")
 VARIANTS = ("with", "without")
+SIGNALS_ROUNDS = 8  # the fewest rounds at up to 20,000 images (bench/run.py)
 
 
 def _cli(variant: str) -> list[str]:
@@ -76,6 +78,11 @@ def signals_cost(images: int, work: Path, synthetic: bool, rounds: int) -> dict[
         _timed([*_cli(variant), "build", "--source", str(nights.source), "--destination", str(bases[variant]),
                 *args, "--version", "night01"])
     nights.mutate(2, counts)
+    # not counted: the first full build after the bases measured 13-18% more CPU than its pair at 6,000 and at
+    # 100,000 images (2026-11-26; with the signals both times, as round 0 runs them first)
+    _timed([*_cli("without"), "build", "--source", str(nights.source), "--destination", str(folder / "warm-up"),
+            *args, "--version", "full"])
+    shutil.rmtree(folder / "warm-up", ignore_errors=True)
     for number in range(rounds):
         order = VARIANTS if number % 2 == 0 else VARIANTS[::-1]
         for variant in order:
@@ -88,13 +95,17 @@ def signals_cost(images: int, work: Path, synthetic: bool, rounds: int) -> dict[
             subprocess.run(["cp", "-al", str(bases[variant]), str(out)], check=True)
             build(variant, "night", nights.source, out, "night02")
     shutil.rmtree(folder, ignore_errors=True)
+    from image_tfrecords.images import thumbnail
+
     return {"images": count, "megabytes": nbytes / 1e6, "pixels": pixels, "rounds": rounds, "runs": runs,
-            "load_before": os.getloadavg()[0], "per_image": per_image(corpus, 100 if synthetic else 1000)}
+            "load_before": os.getloadavg()[0], "per_image": per_image(corpus, 100 if synthetic else 1000),
+            "compiled": thumbnail._thumbstats is not None}
 
 
 def per_image(corpus: Path, files: int = 1000) -> dict[str, Any]:
     """Inspection's CPU per image with and without the thumbnail measurements, in this process, interleaved
-    image by image (so the machine's drift, which moves whole builds by 10% between rounds, cancels): the
+    image by image, which goes first alternating (so the machine's drift, which moves whole builds by 10%
+    between rounds, and the caches the first of the two calls warms for the second cancel): the
     first ``files`` images of the corpus in sorted order, each inspected both ways, twice, as a default
     build inspects them (PNGs checked without their pixels)."""
     from image_tfrecords.errors import RejectedImage
@@ -108,8 +119,10 @@ def per_image(corpus: Path, files: int = 1000) -> dict[str, Any]:
         with contextlib.suppress(RejectedImage):
             probe.inspect_image(data, png_pixels=False)
     for _ in range(2):
-        for data in datas:
-            for variant in VARIANTS:
+        for number, data in enumerate(datas):
+            # which goes first alternates: the first call on an image pays for its bytes' and the decoder's
+            # cold caches (with "with" always first, that alone read as +40 us an image)
+            for variant in VARIANTS if number % 2 == 0 else VARIANTS[::-1]:
                 probe._thumbnail_facts = measuring if variant == "with" else (lambda *a, **k: ("", probe._UNMEASURED))
                 started = time.process_time()
                 with contextlib.suppress(RejectedImage):  # a reject costs what it costs, either way
@@ -141,10 +154,11 @@ def render_signals(report: dict[str, Any]) -> list[str]:
         "folder, and the incremental section's 1% night on a base built the same way; each with the signals "
         "(the CLI as it is) and without them (the same CLI with inspection's thumbnail measurements switched "
         "off, `bench/signals_cost.py`: every image still decoded and checked), alternating, "
-        f"{report['rounds']} round{'s' * (report['rounds'] > 1)}; medians. CPU: user + system seconds of the "
-        "build and its workers. On this machine the same build's CPU seconds move by 10-20% from one round to "
-        "the next, so \"more\" is the median over rounds of each round's pair (with / without, run back to "
-        "back), and the per-image line below (one process, interleaved image by image) is the steadier figure.",
+        f"{report['rounds']} round{'s' * (report['rounds'] > 1)} after one full build that is not counted; "
+        "medians. CPU: user + system seconds of the build and its workers. On this machine the same build's CPU "
+        "seconds move by 5-20% from one round to the next, so \"more\" is the median over rounds of each "
+        "round's pair (with / without, run back to back), and the per-image line below (one process, "
+        "interleaved image by image, which goes first alternating) is the steadier figure.",
         "",
         "| build | without: s | with: s | without: CPU s | with: CPU s | more (CPU, median of pairs) "
         "| inspect s (without / with) | card s (without / with) |",
@@ -158,10 +172,17 @@ def render_signals(report: dict[str, Any]) -> list[str]:
             f"| {kind} | {wall[0]:.2f} | {wall[1]:.2f} | {cpu[0]:.2f} | {cpu[1]:.2f} | {_more(report, kind):+.1%} | "
             f"{_median(a, 'inspect'):.2f} / {_median(b, 'inspect'):.2f} | "
             f"{_median(a, 'card'):.2f} / {_median(b, 'card'):.2f} |")
+    pairs = {kind: ", ".join(f"{b['cpu_seconds'] / a['cpu_seconds'] - 1:+.1%}"
+                             for a, b in zip(runs["without"][kind], runs["with"][kind], strict=True))
+             for kind in ("full", "night")}
+    lines += ["", f"Each round's pair (with / without - 1, CPU), in order: full {pairs['full']}; "
+              f"night {pairs['night']}."]
     each = report["per_image"]
     lines += ["", f"Inspection per image (`inspect_image` on the corpus's first {each['files']} files, CPU, "
               f"interleaved): {each['without']:.0f} us without the measurements, {each['with']:.0f} us with them "
-              f"(+{each['with'] - each['without']:.0f} us, {each['with'] / each['without'] - 1:+.1%})."]
+              f"(+{each['with'] - each['without']:.0f} us, {each['with'] / each['without'] - 1:+.1%}). The thumbnail's "
+              "sums came from " + ("the compiled pass (`images/_thumbstats.c`)." if report.get("compiled", True) else
+                                   "the numpy fallback (the package was installed without its C part).")]
     return [*lines, ""]
 
 

@@ -16,7 +16,7 @@ from PIL import Image, ImageFilter
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.errors import ConfigError
 from image_tfrecords.images.probe import inspect_image
-from image_tfrecords.images.quality import FLAGS, Quality, measure, signals
+from image_tfrecords.images.quality import FLAGS, Quality, columns, measure, signals
 from image_tfrecords.images.thumbnail import thumbnail
 
 
@@ -71,9 +71,9 @@ def test_thumbnail_numbers_are_the_direct_ones(mode: str) -> None:
     assert (thumb.width, thumb.height) == (90, 70)
     assert np.abs(grey - np.asarray(image.convert("RGB").convert("L"), dtype=np.float64)).max() < 0.51
     expected = 0.0 if mode == "L" else float((rgb.max(axis=2) - rgb.min(axis=2)).mean())
-    assert thumb.colourfulness == pytest.approx(expected, abs=1e-9)
     laplacian = 4 * grey[1:-1, 1:-1] - grey[:-2, 1:-1] - grey[2:, 1:-1] - grey[1:-1, :-2] - grey[1:-1, 2:]
     quality = signals(thumb, 90, 70, 3)
+    assert quality.colourfulness == pytest.approx(expected, abs=1e-9)
     assert quality.brightness == pytest.approx(float(grey.mean()), abs=1e-9)
     assert quality.contrast == pytest.approx(float(grey.std()), abs=1e-9)
     assert quality.sharpness == pytest.approx(float(laplacian.var()) / (float(grey.var()) + 1), rel=1e-9)
@@ -169,3 +169,15 @@ def test_the_numbers_do_not_depend_on_the_cpus_blas_kernels() -> None:
                               env={**os.environ, "OPENBLAS_CORETYPE": kernel}).stdout
                for kernel in ("Haswell", "Prescott")}
     assert len(outputs) == 1, outputs
+
+
+def test_inspections_columns_are_the_signals_columns() -> None:
+    """``columns`` (inspection's path) gives what ``signals(...).columns()`` gives, flags included, on tiny,
+    flat, dark, grey, elongated and noisy images."""
+    images = [noise(), noise(2, 2), noise(1, 9), noise(400, 100), noise(20, 20), noise(grey=True).convert("L"),
+              Image.new("RGB", (64, 64), (5, 5, 5)), Image.new("RGB", (64, 64), (250, 250, 250)),
+              noise(128, 96, seed=4).filter(ImageFilter.GaussianBlur(6))]
+    for image in images:
+        thumb = thumbnail(image)
+        for width, height, channels in ((image.width, image.height, 3), (image.width, image.height, 1), (0, 5, 3)):
+            assert columns(thumb, width, height, channels) == signals(thumb, width, height, channels).columns()

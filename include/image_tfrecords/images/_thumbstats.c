@@ -24,6 +24,8 @@
 #define SIDE 32
 #define LOW 8
 #define MAX_SIDE 256 /* the caller reduces larger images */
+#define CHUNK 256   /* pixels split into planes at a time */
+#define SPAN (MAX_SIDE / SIDE + 2) /* the most pixels one of SIDE cells spans along a side */
 
 /* The pixel loops vectorise far better with AVX2; GCC builds both and picks at load time (ifunc). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -48,20 +50,33 @@ static int32_t overlap(int64_t cell, int64_t p, int64_t n) {
 VECTOR_CLONES static int64_t grey_levels(const uint8_t *restrict bytes, Py_ssize_t n, int kind, int32_t *restrict grey) {
     int64_t spread = 0;
     if (kind == 3) {
+        /* R, G, B apart first, a chunk at a time: the loop over interleaved bytes does not vectorise, the
+         * one over the planes does */
+        uint8_t red[CHUNK], green[CHUNK], blue[CHUNK];
         int32_t part = 0; /* at most 510 a pixel, 65536 pixels */
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int32_t r = bytes[3 * i], g = bytes[3 * i + 1], b = bytes[3 * i + 2];
-            grey[i] = 299 * r + 587 * g + 114 * b;
-            part += abs(r - g) + abs(g - b) + abs(b - r);
+        for (Py_ssize_t start = 0; start < n; start += CHUNK) {
+            Py_ssize_t count = n - start < CHUNK ? n - start : CHUNK;
+            const uint8_t *rgb = bytes + 3 * start;
+            for (Py_ssize_t i = 0; i < count; i++) {
+                red[i] = rgb[3 * i];
+                green[i] = rgb[3 * i + 1];
+                blue[i] = rgb[3 * i + 2];
+            }
+            int32_t *out = grey + start;
+            for (Py_ssize_t i = 0; i < count; i++) {
+                int32_t r = red[i], g = green[i], b = blue[i];
+                out[i] = 299 * r + 587 * g + 114 * b;
+                part += abs(r - g) + abs(g - b) + abs(b - r);
+            }
         }
         spread = part;
     } else if (kind == 1) {
         for (Py_ssize_t i = 0; i < n; i++)
             grey[i] = 1000 * (int32_t)bytes[i];
     } else {
-        const int32_t *restrict levels = (const int32_t *)bytes;
         for (Py_ssize_t i = 0; i < n; i++) {
-            int32_t v = levels[i];
+            int32_t v;
+            memcpy(&v, bytes + 4 * i, sizeof(v)); /* a buffer need not be aligned */
             grey[i] = v < 0 ? 0 : v > 255000 ? 255000 : v;
         }
     }
@@ -104,13 +119,20 @@ VECTOR_CLONES static void cell_sums(const int32_t *restrict grey, Py_ssize_t wid
                 out[x] += w * row[x];
         }
     }
+    int32_t first[SIDE], count[SIDE], weight[SIDE][SPAN]; /* cell j: pixels first[j] .. first[j] + count[j] - 1 */
     for (int64_t j = 0; j < SIDE; j++) {
-        int64_t first = j * width / SIDE, last = ((j + 1) * width - 1) / SIDE;
-        for (int64_t i = 0; i < SIDE; i++) {
-            const int32_t *row = strip + i * width;
+        first[j] = (int32_t)(j * width / SIDE);
+        count[j] = (int32_t)(((j + 1) * width - 1) / SIDE - first[j] + 1);
+        for (int32_t k = 0; k < count[j]; k++)
+            weight[j][k] = overlap(j, first[j] + k, width);
+    }
+    for (int64_t i = 0; i < SIDE; i++) {
+        const int32_t *row = strip + i * width;
+        for (int64_t j = 0; j < SIDE; j++) {
+            const int32_t *pixels = row + first[j];
             int64_t total = 0;
-            for (int64_t p = first; p <= last; p++)
-                total += (int64_t)overlap(j, p, width) * row[p];
+            for (int32_t k = 0; k < count[j]; k++)
+                total += (int64_t)weight[j][k] * pixels[k];
             cells[i * SIDE + j] = (double)total;
         }
     }
@@ -168,11 +190,12 @@ static PyObject *sums(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     int32_t *grey = NULL;
-    Py_ssize_t n = width * height;
+    Py_ssize_t n = 0;
     if (width < 1 || height < 1 || width > MAX_SIDE || height > MAX_SIDE || (kind != 1 && kind != 3 && kind != 4)) {
         PyErr_SetString(PyExc_ValueError, "a thumbnail of 1 to 256 pixels a side, kind 1, 3 or 4");
         goto done;
     }
+    n = width * height;
     if (pixels.len != n * (kind == 4 ? 4 : kind) || dct.len != (Py_ssize_t)(LOW * SIDE * sizeof(int64_t))) {
         PyErr_SetString(PyExc_ValueError, "pixels or dct of the wrong length");
         goto done;

@@ -58,7 +58,7 @@ from ..options import MAX_PIXELS
 from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
 from .png_stream import check_png_stream
-from .quality import Quality, signals
+from .quality import Quality, columns
 from .thumbnail import thumbnail
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
@@ -360,7 +360,7 @@ def _thumbnail_facts(image: Any, fmt: str, width: int, height: int, channels: in
     except Exception:
         return "", _UNMEASURED
     try:
-        return phash, signals(thumb, width, height, channels).columns()
+        return phash, columns(thumb, width, height, channels)
     except Exception:
         return phash, _UNMEASURED
 

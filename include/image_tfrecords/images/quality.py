@@ -46,9 +46,14 @@ class Quality:
 
     def columns(self) -> dict[str, str]:
         """The inspection's (and labels.csv's) columns: signals with at most 3 decimals, flags joined by ``|``."""
-        values = {name: getattr(self, name) for name in SIGNALS}
-        return {**{name: "" if v is None else f"{v:.3f}".rstrip("0").rstrip(".") for name, v in values.items()},
+        return {"brightness": _cell(self.brightness), "contrast": _cell(self.contrast),
+                "sharpness": _cell(self.sharpness), "colourfulness": _cell(self.colourfulness),
                 "quality": "|".join(self.flags)}
+
+
+def _cell(value: float | None) -> str:
+    """A signal as a column: at most 3 decimals, no trailing zeros; "" when not measured."""
+    return "" if value is None else f"{value:.3f}".rstrip("0").rstrip(".")
 
 
 def measure(image: Any, width: int, height: int, channels: int) -> Quality:
@@ -61,32 +66,40 @@ def signals(thumb: Thumbnail, width: int, height: int, channels: int) -> Quality
     """The signals of a ``thumbnail`` of a stored image of ``width`` x ``height`` pixels with ``channels``
     channels, and its flags. The thumbnail's sums are exact integers, so each signal is one division away
     from them: the same on every CPU."""
-    brightness, variance, detail = thumb.brightness, thumb.variance, thumb.detail_variance
-    sharpness = None if detail is None else detail / (variance + 1.0)
-    contrast, colourfulness = variance ** 0.5, thumb.colourfulness
-    return Quality(brightness, contrast, sharpness, colourfulness,
-                   flags(brightness, contrast, sharpness, colourfulness, width, height, channels))
+    values = _values(thumb)
+    return Quality(*values, flags(*values, width, height, channels))
+
+
+def columns(thumb: Thumbnail, width: int, height: int, channels: int) -> dict[str, str]:
+    """``signals(...).columns()`` without the Quality between them: inspection's path, once an image (in a
+    worker that has just decoded a JPEG every Python call costs several times what it does in a warm loop)."""
+    brightness, contrast, sharpness, colourfulness = values = _values(thumb)
+    return {"brightness": f"{brightness:.3f}".rstrip("0").rstrip("."),
+            "contrast": f"{contrast:.3f}".rstrip("0").rstrip("."), "sharpness": _cell(sharpness),
+            "colourfulness": f"{colourfulness:.3f}".rstrip("0").rstrip("."),
+            "quality": "|".join(flags(*values, width, height, channels))}
+
+
+def _values(thumb: Thumbnail) -> tuple[float, float, float | None, float]:
+    """(brightness, contrast, sharpness, colourfulness) from the exact sums: the numerators in Python's
+    integers, so each is one correctly rounded division."""
+    n, s1 = thumb.width * thumb.height, thumb.s1
+    variance = (n * thumb.s2 - s1 * s1) / (n * n * 1_000_000)
+    sharpness = None
+    if thumb.width > 2 and thumb.height > 2:
+        m, d1 = (thumb.width - 2) * (thumb.height - 2), thumb.d1
+        sharpness = (m * thumb.d2 - d1 * d1) / (m * m * 1_000_000) / (variance + 1.0)
+    return s1 / (1000 * n), variance ** 0.5, sharpness, thumb.spread / (2 * n)
 
 
 def flags(brightness: float, contrast: float, sharpness: float | None, colourfulness: float, width: int,
           height: int, channels: int) -> tuple[str, ...]:
     """The flags (in ``FLAGS`` order) of an image with these signals and size."""
-    out = []
-    if brightness < DARK:
-        out.append("dark")
-    if brightness > BRIGHT:
-        out.append("bright")
-    if contrast < FLAT:
-        out.append("flat")
-    elif sharpness is not None and sharpness < BLURRY:
-        out.append("blurry")
-    if channels >= 3 and colourfulness < GREY:
-        out.append("grey_as_colour")
-    if min(width, height) < TINY:
-        out.append("tiny")
-    if min(width, height) and max(width, height) / min(width, height) > ODD_ASPECT:
-        out.append("odd_aspect")
-    return tuple(out)
+    short, long = min(width, height), max(width, height)
+    marks = (brightness < DARK, brightness > BRIGHT, contrast < FLAT,
+             contrast >= FLAT and sharpness is not None and sharpness < BLURRY,
+             channels >= 3 and colourfulness < GREY, short < TINY, short > 0 and long / short > ODD_ASPECT)
+    return tuple([flag for flag, marked in zip(FLAGS, marks, strict=True) if marked])
 
 
 def parse_flags(text: str) -> list[str]:

@@ -21,9 +21,8 @@ point (``dct_rows``), and one bit per coefficient but the DC term: above the med
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 SIDE = 256  # the longest side the numbers are taken at
 CELLS = 32  # the hash averages the grey levels into CELLS x CELLS
@@ -39,12 +38,11 @@ except ImportError:  # pragma: no cover - depends on how the package was install
     _thumbstats = None
 
 
-@dataclass(frozen=True)
-class Thumbnail:
+class Thumbnail(NamedTuple):
     """The sums of a ``width`` x ``height`` thumbnail's grey levels (x 1000): ``s1`` of them, ``s2`` of their
     squares; ``d1``, ``d2`` the same of the 4-neighbour Laplacian over the inner pixels (0 when a side is
     under 3 pixels); ``spread`` the sum of ``|R-G| + |G-B| + |B-R|`` (0 for an image stored as grey);
-    ``bits`` the 63-bit perceptual hash."""
+    ``bits`` the 63-bit perceptual hash. ``quality`` takes the signals from these."""
 
     width: int
     height: int
@@ -54,34 +52,6 @@ class Thumbnail:
     d2: int
     spread: int
     bits: int
-
-    @property
-    def pixels(self) -> int:
-        return self.width * self.height
-
-    @property
-    def brightness(self) -> float:
-        """Mean grey level (0-255)."""
-        return self.s1 / (1000 * self.pixels)
-
-    @property
-    def variance(self) -> float:
-        """Variance of the grey levels (0-255 scale), exact until the one division."""
-        n = self.pixels
-        return (n * self.s2 - self.s1 * self.s1) / (n * n * 1_000_000)
-
-    @property
-    def detail_variance(self) -> float | None:
-        """Variance of the Laplacian over the inner pixels; None for a thumbnail too small to have one."""
-        if self.width < 3 or self.height < 3:
-            return None
-        m = (self.width - 2) * (self.height - 2)
-        return (m * self.d2 - self.d1 * self.d1) / (m * m * 1_000_000)
-
-    @property
-    def colourfulness(self) -> float:
-        """Mean over pixels of max(R, G, B) - min(R, G, B)."""
-        return self.spread / (2 * self.pixels)
 
     @property
     def phash(self) -> str:
@@ -103,23 +73,25 @@ def dct_rows() -> bytes:
 def thumbnail(image: Any) -> Thumbnail:
     """The sums of an upright Pillow ``image`` (alpha dropped; any mode Pillow converts to RGB; 16-bit grey
     scaled to 0-255, not clipped), reduced to at most SIDE pixels a side first."""
-    import numpy as np
-    from PIL import Image
-
-    if image.mode in _SIXTEEN_BIT:
-        image = image.convert("I")
-    elif image.mode not in ("RGB", "L"):
-        image = image.convert("RGB")
-    if max(image.size) > SIDE:
-        scale = SIDE / max(image.size)
-        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                             Image.Resampling.BOX)
+    mode = image.mode
+    if mode in _SIXTEEN_BIT:
+        image, mode = image.convert("I"), "I"
+    elif mode != "RGB" and mode != "L":
+        image, mode = image.convert("RGB"), "RGB"
     width, height = image.size
-    if image.mode == "I":
+    if width > SIDE or height > SIDE:
+        from PIL import Image
+
+        scale = SIDE / max(width, height)
+        width, height = max(1, round(width * scale)), max(1, round(height * scale))
+        image = image.resize((width, height), Image.Resampling.BOX)
+    if mode == "I":
+        import numpy as np
+
         levels = np.clip(np.asarray(image, dtype=np.int64).reshape(height, width), 0, 65535)
         data, kind = (levels * 255000 // 65535).astype(np.int32).tobytes(), 4
     else:
-        data, kind = image.tobytes(), 3 if image.mode == "RGB" else 1
+        data, kind = image.tobytes(), 3 if mode == "RGB" else 1
     sums = (_thumbstats.sums if _thumbstats is not None else numpy_sums)(data, width, height, kind, dct_rows())
     return Thumbnail(width, height, *sums)
 
