@@ -16,6 +16,7 @@ from PIL import Image
 
 from image_tfrecords.images import thumbnail as thumbs
 from image_tfrecords.images.perceptual import distance, perceptual_hash
+from image_tfrecords.images.quality import columns
 
 ROOT = Path(__file__).resolve().parents[2]
 compiled = pytest.mark.skipif(thumbs._thumbstats is None, reason="the package was installed without its C part")
@@ -45,6 +46,25 @@ def test_the_compiled_pass_gives_the_numpy_fallbacks_numbers() -> None:
     for data, width, height, kind in _cases(600):
         assert thumbs._thumbstats.sums(data, width, height, kind, rows) == \
             thumbs.numpy_sums(data, width, height, kind, rows), (width, height, kind)
+
+
+@compiled
+def test_the_compiled_columns_are_the_python_columns() -> None:
+    """``_thumbstats.measure`` gives ``columns``' strings and the hash's digits, flags included: thumbnails of
+    every kind (flat, dark, bright, grey, noisy, tiny, one pixel wide) and stored sizes (tiny, elongated,
+    none) and channel counts."""
+    rows = thumbs.dct_rows()
+    rng = np.random.default_rng(8)
+    cases = _cases(300)
+    for level in (0, 3, 128, 250, 255):  # flat images at the thresholds' ends
+        cases.append((bytes([level]) * (40 * 30 * 3), 40, 30, 3))
+    for number, (data, width, height, kind) in enumerate(cases):
+        stored = [(width * 8, height * 8), (int(rng.integers(1, 40)), int(rng.integers(1, 4000))), (0, 10)]
+        for (stored_width, stored_height), channels in zip(stored, (3, 1, 4), strict=True):
+            thumb = thumbs.Thumbnail(width, height, *thumbs.numpy_sums(data, width, height, kind, rows))
+            expected = (thumb.phash, columns(thumb, stored_width, stored_height, channels))
+            got = thumbs._thumbstats.measure(data, width, height, kind, rows, stored_width, stored_height, channels)
+            assert got == expected, (number, width, height, kind, stored_width, stored_height, channels)
 
 
 @compiled
@@ -98,13 +118,15 @@ SCRIPT = """
 import numpy as np
 from image_tfrecords.images import thumbnail as t
 from image_tfrecords.images.perceptual import perceptual_hash
-from image_tfrecords.images.quality import measure
+from image_tfrecords.images.quality import measure, measured
 from PIL import Image
 rng = np.random.default_rng(4)
 for _ in range(20):
     shape = (int(rng.integers(3, 300)), int(rng.integers(3, 300)), 3)
     image = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
-    print(perceptual_hash(image), measure(image, image.width, image.height, 3).columns())
+    for mode in ("RGB", "L", "I;16"):
+        print(perceptual_hash(image.convert(mode)), measure(image, image.width, image.height, 3).columns(),
+              measured(image.convert(mode), image.width * 8, image.height, 1 if mode != "RGB" else 3))
 print(t._thumbstats is not None)
 """
 

@@ -19,6 +19,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #define SIDE 32
@@ -182,49 +183,193 @@ VECTOR_CLONES static uint64_t hash_bits(double *cells, Py_ssize_t n, const int64
     return bits;
 }
 
+/* The sums and the hash of a thumbnail's pixels; 0, or -1 with a Python error set. */
+static int thumbnail_sums(Py_buffer *pixels, Py_ssize_t width, Py_ssize_t height, int kind, Py_buffer *dct,
+                          Moments *m, uint64_t *bits) {
+    if (width < 1 || height < 1 || width > MAX_SIDE || height > MAX_SIDE || (kind != 1 && kind != 3 && kind != 4)) {
+        PyErr_SetString(PyExc_ValueError, "a thumbnail of 1 to 256 pixels a side, kind 1, 3 or 4");
+        return -1;
+    }
+    Py_ssize_t n = width * height;
+    if (pixels->len != n * (kind == 4 ? 4 : kind) || dct->len != (Py_ssize_t)(LOW * SIDE * sizeof(int64_t))) {
+        PyErr_SetString(PyExc_ValueError, "pixels or dct of the wrong length");
+        return -1;
+    }
+    int32_t *grey = malloc((n + SIDE * width) * sizeof(int32_t));
+    if (!grey) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    double cells[SIDE * SIDE];
+    Py_BEGIN_ALLOW_THREADS
+    memset(m, 0, sizeof(*m));
+    m->spread = grey_levels(pixels->buf, n, kind, grey);
+    moments(grey, width, height, m);
+    cell_sums(grey, width, height, grey + n, cells);
+    *bits = hash_bits(cells, n, dct->buf);
+    Py_END_ALLOW_THREADS
+    free(grey);
+    return 0;
+}
+
 static PyObject *sums(PyObject *self, PyObject *args) {
     Py_buffer pixels, dct;
     Py_ssize_t width, height;
     int kind;
     if (!PyArg_ParseTuple(args, "y*nniy*", &pixels, &width, &height, &kind, &dct))
         return NULL;
-    PyObject *result = NULL;
-    int32_t *grey = NULL;
-    Py_ssize_t n = 0;
-    if (width < 1 || height < 1 || width > MAX_SIDE || height > MAX_SIDE || (kind != 1 && kind != 3 && kind != 4)) {
-        PyErr_SetString(PyExc_ValueError, "a thumbnail of 1 to 256 pixels a side, kind 1, 3 or 4");
-        goto done;
-    }
-    n = width * height;
-    if (pixels.len != n * (kind == 4 ? 4 : kind) || dct.len != (Py_ssize_t)(LOW * SIDE * sizeof(int64_t))) {
-        PyErr_SetString(PyExc_ValueError, "pixels or dct of the wrong length");
-        goto done;
-    }
-    grey = malloc((n + SIDE * width) * sizeof(int32_t));
-    if (!grey) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    double cells[SIDE * SIDE];
-    Moments m = {0};
+    Moments m;
     uint64_t bits;
-    Py_BEGIN_ALLOW_THREADS
-    m.spread = grey_levels(pixels.buf, n, kind, grey);
-    moments(grey, width, height, &m);
-    cell_sums(grey, width, height, grey + n, cells);
-    bits = hash_bits(cells, n, dct.buf);
-    Py_END_ALLOW_THREADS
-    result = Py_BuildValue("(LLLLLK)", (long long)m.s1, (long long)m.s2, (long long)m.d1, (long long)m.d2,
-                           (long long)m.spread, (unsigned long long)bits);
-done:
-    free(grey);
+    PyObject *result = NULL;
+    if (thumbnail_sums(&pixels, width, height, kind, &dct, &m, &bits) == 0)
+        result = Py_BuildValue("(LLLLLK)", (long long)m.s1, (long long)m.s2, (long long)m.d1, (long long)m.d2,
+                               (long long)m.spread, (unsigned long long)bits);
     PyBuffer_Release(&pixels);
     PyBuffer_Release(&dct);
     return result;
 }
 
+/* What images.quality's columns() does, in the same operations (so the same bits): its thresholds and flag
+ * names, set once by thresholds(). */
+static double dark = 0, bright = 0, flat = 0, blurry = 0, grey_max = 0, odd_aspect = 0;
+static long long tiny = 0;
+static PyObject *flag_names[7], *column_names[5];
+
+static PyObject *thresholds(PyObject *self, PyObject *args) {
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "dddddLdO!", &dark, &bright, &flat, &blurry, &grey_max, &tiny, &odd_aspect,
+                          &PyTuple_Type, &names))
+        return NULL;
+    if (PyTuple_GET_SIZE(names) != 7) {
+        PyErr_SetString(PyExc_ValueError, "seven flag names");
+        return NULL;
+    }
+    for (int i = 0; i < 7; i++) {
+        Py_XSETREF(flag_names[i], Py_NewRef(PyTuple_GET_ITEM(names, i)));
+    }
+    Py_RETURN_NONE;
+}
+
+/* (numerator) / (count * count * 1000000) with Python's int division: n x s2 - s1 x s1 passes 64 bits, and
+ * Python's quotient is the correctly rounded one. */
+static int variance_of(long long count, long long total, long long squares, double *out) {
+    PyObject *n = PyLong_FromLongLong(count), *s1 = PyLong_FromLongLong(total), *s2 = PyLong_FromLongLong(squares);
+    PyObject *million = PyLong_FromLong(1000000), *a = NULL, *b = NULL, *num = NULL, *den = NULL, *q = NULL;
+    int status = -1;
+    if (!n || !s1 || !s2 || !million)
+        goto done;
+    if (!(a = PyNumber_Multiply(n, s2)) || !(b = PyNumber_Multiply(s1, s1)) || !(num = PyNumber_Subtract(a, b)))
+        goto done;
+    Py_SETREF(a, PyNumber_Multiply(n, n));
+    if (!a || !(den = PyNumber_Multiply(a, million)) || !(q = PyNumber_TrueDivide(num, den)))
+        goto done;
+    *out = PyFloat_AsDouble(q);
+    status = *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+done:
+    Py_XDECREF(n);
+    Py_XDECREF(s1);
+    Py_XDECREF(s2);
+    Py_XDECREF(million);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(num);
+    Py_XDECREF(den);
+    Py_XDECREF(q);
+    return status;
+}
+
+/* f"{value:.3f}".rstrip("0").rstrip(".") */
+static PyObject *cell(double value) {
+    char *text = PyOS_double_to_string(value, 'f', 3, 0, NULL);
+    if (!text)
+        return NULL;
+    size_t len = strlen(text);
+    while (len && text[len - 1] == '0')
+        len--;
+    while (len && text[len - 1] == '.')
+        len--;
+    PyObject *out = PyUnicode_FromStringAndSize(text, (Py_ssize_t)len);
+    PyMem_Free(text);
+    return out;
+}
+
+static PyObject *measure(PyObject *self, PyObject *args) {
+    Py_buffer pixels, dct;
+    Py_ssize_t width, height;
+    long long stored_width, stored_height, channels;
+    int kind;
+    if (!flag_names[0]) {
+        PyErr_SetString(PyExc_RuntimeError, "thresholds() first");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*nniy*LLL", &pixels, &width, &height, &kind, &dct, &stored_width, &stored_height,
+                          &channels))
+        return NULL;
+    Moments m;
+    uint64_t bits;
+    PyObject *result = NULL, *values[5] = {NULL}, *columns = NULL;
+    int status = thumbnail_sums(&pixels, width, height, kind, &dct, &m, &bits);
+    PyBuffer_Release(&pixels);
+    PyBuffer_Release(&dct);
+    if (status < 0)
+        return NULL;
+    long long n = (long long)width * height;
+    double variance, detail = 0, sharpness = 0;
+    int has_detail = width > 2 && height > 2;
+    if (variance_of(n, m.s1, m.s2, &variance) < 0)
+        return NULL;
+    if (has_detail && variance_of((long long)(width - 2) * (height - 2), m.d1, m.d2, &detail) < 0)
+        return NULL;
+    double brightness = (double)m.s1 / (double)(1000 * n), contrast = pow(variance, 0.5);
+    double colourfulness = (double)m.spread / (double)(2 * n);
+    if (has_detail)
+        sharpness = detail / (variance + 1.0);
+    long long shorter = stored_width < stored_height ? stored_width : stored_height;
+    long long longer = stored_width < stored_height ? stored_height : stored_width;
+    int marks[7] = {brightness < dark, brightness > bright, contrast < flat,
+                    contrast >= flat && has_detail && sharpness < blurry, channels >= 3 && colourfulness < grey_max,
+                    shorter < tiny, shorter > 0 && (double)longer / (double)shorter > odd_aspect};
+    char text[128];
+    size_t len = 0;
+    for (int i = 0; i < 7; i++) {
+        if (!marks[i])
+            continue;
+        Py_ssize_t size;
+        const char *name = PyUnicode_AsUTF8AndSize(flag_names[i], &size);
+        if (!name || len + (size_t)size + 1 >= sizeof(text)) {
+            if (name)
+                PyErr_SetString(PyExc_ValueError, "flag names too long");
+            return NULL;
+        }
+        if (len)
+            text[len++] = '|';
+        memcpy(text + len, name, (size_t)size);
+        len += (size_t)size;
+    }
+    char hex[17];
+    snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)bits);
+    if (!(values[0] = cell(brightness)) || !(values[1] = cell(contrast)) ||
+        !(values[2] = has_detail ? cell(sharpness) : PyUnicode_FromString("")) || !(values[3] = cell(colourfulness)) ||
+        !(values[4] = PyUnicode_FromStringAndSize(text, (Py_ssize_t)len)) || !(columns = PyDict_New()))
+        goto done;
+    for (int i = 0; i < 5; i++)
+        if (PyDict_SetItem(columns, column_names[i], values[i]) < 0)
+            goto done;
+    result = Py_BuildValue("(sO)", hex, columns);
+done:
+    for (int i = 0; i < 5; i++)
+        Py_XDECREF(values[i]);
+    Py_XDECREF(columns);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"sums", sums, METH_VARARGS, "(s1, s2, d1, d2, spread, bits) of a thumbnail's pixels (see the module source)."},
+    {"measure", measure, METH_VARARGS,
+     "measure(pixels, width, height, kind, dct, stored_width, stored_height, channels) -> (phash, columns): "
+     "images.quality.columns() and the hash's hex digits, in one call."},
+    {"thresholds", thresholds, METH_VARARGS,
+     "thresholds(dark, bright, flat, blurry, grey, tiny, odd_aspect, flag_names): images.quality's, once."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -232,4 +377,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_thumbstats",
                                     "A thumbnail's hash and signal sums in C (image_tfrecords.images.thumbnail).",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__thumbstats(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__thumbstats(void) {
+    const char *names[5] = {"brightness", "contrast", "sharpness", "colourfulness", "quality"};
+    for (int i = 0; i < 5; i++)
+        if (!column_names[i] && !(column_names[i] = PyUnicode_InternFromString(names[i])))
+            return NULL;
+    return PyModule_Create(&module);
+}

@@ -58,8 +58,7 @@ from ..options import MAX_PIXELS
 from .formats import JXL_CODESTREAM, JXL_CONTAINER, PILLOW_FORMAT, decoder_problem, jxl_header
 from .jpeg_markers import jpeg_for_pillow
 from .png_stream import check_png_stream
-from .quality import Quality, columns
-from .thumbnail import thumbnail
+from .quality import Quality, measured
 
 # What tf.io.decode_image returns for each Pillow mode (channels=0, dtype uint8).
 _JPEG_CHANNELS = {"L": 1, "RGB": 3}
@@ -355,14 +354,9 @@ def _thumbnail_facts(image: Any, fmt: str, width: int, height: int, channels: in
     try:
         if fmt == "png":
             image.load()
-        thumb = thumbnail(image)  # one pass over the pixels for both
-        phash = thumb.phash
+        return measured(image, width, height, channels)  # one pass over the pixels for both
     except Exception:
         return "", _UNMEASURED
-    try:
-        return phash, columns(thumb, width, height, channels)
-    except Exception:
-        return phash, _UNMEASURED
 
 
 def inspect_image(data: bytes, max_pixels: int = MAX_PIXELS, png_pixels: bool = True) -> ImageFacts:

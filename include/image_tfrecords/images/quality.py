@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .thumbnail import Thumbnail, thumbnail
+from .thumbnail import Thumbnail, _thumbstats, dct_rows, numpy_sums, pixels, thumbnail
 
 DARK = 40.0  # brightness below: dark
 BRIGHT = 235.0  # brightness above: bright (washed out)
@@ -92,6 +92,18 @@ def _values(thumb: Thumbnail) -> tuple[float, float, float | None, float]:
     return s1 / (1000 * n), variance ** 0.5, sharpness, thumb.spread / (2 * n)
 
 
+def measured(image: Any, width: int, height: int, channels: int) -> tuple[str, dict[str, str]]:
+    """(perceptual hash, columns) of an upright Pillow ``image`` (a thumbnail) of a stored image of ``width`` x
+    ``height`` pixels with ``channels`` channels: inspection's path. One C call where the package has its
+    compiled part (``_thumbstats.measure``: ``columns``' operations, so the same strings); else the numpy
+    sums and ``columns``."""
+    data, thumb_width, thumb_height, kind = pixels(image)
+    if _thumbstats is not None:
+        return _thumbstats.measure(data, thumb_width, thumb_height, kind, dct_rows(), width, height, channels)
+    thumb = Thumbnail(thumb_width, thumb_height, *numpy_sums(data, thumb_width, thumb_height, kind, dct_rows()))
+    return thumb.phash, columns(thumb, width, height, channels)
+
+
 def flags(brightness: float, contrast: float, sharpness: float | None, colourfulness: float, width: int,
           height: int, channels: int) -> tuple[str, ...]:
     """The flags (in ``FLAGS`` order) of an image with these signals and size."""
@@ -105,3 +117,7 @@ def flags(brightness: float, contrast: float, sharpness: float | None, colourful
 def parse_flags(text: str) -> list[str]:
     """The flags of a ``quality`` cell."""
     return [flag for flag in text.split("|") if flag]
+
+
+if _thumbstats is not None:
+    _thumbstats.thresholds(DARK, BRIGHT, FLAT, BLURRY, GREY, TINY, ODD_ASPECT, FLAGS)

@@ -21,6 +21,7 @@ point (``dct_rows``), and one bit per coefficient but the DC term: above the med
 from __future__ import annotations
 
 import math
+from array import array
 from functools import cache, lru_cache
 from typing import Any, NamedTuple
 
@@ -62,17 +63,23 @@ class Thumbnail(NamedTuple):
 @cache
 def dct_rows() -> bytes:
     """The LOW lowest-frequency rows of the orthonormal DCT-II matrix of size CELLS, times DCT_ONE rounded
-    (int64, row by row): made here once for both passes."""
-    import numpy as np
-
-    rows = [[round(math.cos(math.pi * (2 * x + 1) * k / (2 * CELLS)) * math.sqrt((1 if k else 0.5) * 2 / CELLS)
-                   * DCT_ONE) for x in range(CELLS)] for k in range(LOW)]
-    return np.array(rows, dtype=np.int64).tobytes()
+    (native int64, row by row): made here once for both passes."""
+    rows = [round(math.cos(math.pi * (2 * x + 1) * k / (2 * CELLS)) * math.sqrt((1 if k else 0.5) * 2 / CELLS)
+                  * DCT_ONE) for k in range(LOW) for x in range(CELLS)]
+    return array("q", rows).tobytes()
 
 
 def thumbnail(image: Any) -> Thumbnail:
     """The sums of an upright Pillow ``image`` (alpha dropped; any mode Pillow converts to RGB; 16-bit grey
     scaled to 0-255, not clipped), reduced to at most SIDE pixels a side first."""
+    data, width, height, kind = pixels(image)
+    sums = (_thumbstats.sums if _thumbstats is not None else numpy_sums)(data, width, height, kind, dct_rows())
+    return Thumbnail(width, height, *sums)
+
+
+def pixels(image: Any) -> tuple[bytes, int, int, int]:
+    """(pixels, width, height, kind) of a Pillow ``image`` as the passes take them (see ``_thumbstats.c``):
+    kind 3 for RGB bytes, 1 for grey bytes, 4 for 16-bit grey as int32 levels of 0-255000."""
     mode = image.mode
     if mode in _SIXTEEN_BIT:
         image, mode = image.convert("I"), "I"
@@ -89,11 +96,8 @@ def thumbnail(image: Any) -> Thumbnail:
         import numpy as np
 
         levels = np.clip(np.asarray(image, dtype=np.int64).reshape(height, width), 0, 65535)
-        data, kind = (levels * 255000 // 65535).astype(np.int32).tobytes(), 4
-    else:
-        data, kind = image.tobytes(), 3 if mode == "RGB" else 1
-    sums = (_thumbstats.sums if _thumbstats is not None else numpy_sums)(data, width, height, kind, dct_rows())
-    return Thumbnail(width, height, *sums)
+        return (levels * 255000 // 65535).astype(np.int32).tobytes(), width, height, 4
+    return image.tobytes(), width, height, 3 if mode == "RGB" else 1
 
 
 def numpy_sums(data: bytes, width: int, height: int, kind: int, dct: bytes) -> tuple[int, int, int, int, int, int]:
