@@ -135,6 +135,9 @@ def check_signals(data: dict[str, Any], text: str) -> None:
             assert (runs[variant][kind][0]["measured"] > 0) == (variant == "with")
     assert re.search(r"\| full \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \|", text)
     assert re.search(r"Inspection per image .*: \d+ us without the measurements, \d+ us with them", text)
+    assert re.search(r"Each round's pair \(with / without - 1, CPU\), in order: full [+-][\d.]+%; night [+-][\d.]+%\.",
+                     text)
+    assert isinstance(data["signals"]["compiled"], bool) and "The thumbnail's sums came from the " in text
     targets = {t["target"]: t for t in data["targets"]}
     assert any(t.startswith("night build with the image signals") for t in targets)
 

@@ -68,6 +68,25 @@ def test_the_compiled_columns_are_the_python_columns() -> None:
 
 
 @compiled
+def test_pillows_arrow_export_gives_what_its_bytes_give() -> None:
+    """``measure_arrow`` (an RGB image's pixels where Pillow keeps them, 4 bytes a pixel) is ``measure`` of the
+    same image's ``tobytes``; an array that is not Pillow's RGB is refused."""
+    rows = thumbs.dct_rows()
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        width, height = int(rng.integers(1, 257)), int(rng.integers(1, 257))
+        image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        schema, array = image.__arrow_c_array__()
+        assert thumbs._thumbstats.measure_arrow(schema, array, width, height, rows, width * 4, height * 4, 3) == \
+            thumbs._thumbstats.measure(image.tobytes(), width, height, 3, rows, width * 4, height * 4, 3)
+    grey = Image.new("L", (8, 8))
+    with pytest.raises(ValueError, match="not an Arrow array of RGB pixels"):
+        thumbs._thumbstats.measure_arrow(*grey.__arrow_c_array__(), 8, 8, rows, 8, 8, 1)
+    with pytest.raises(ValueError, match="not an Arrow array of RGB pixels"):  # the size does not match
+        thumbs._thumbstats.measure_arrow(*image.__arrow_c_array__(), width + 1, height, rows, 8, 8, 3)
+
+
+@compiled
 def test_the_compiled_pass_refuses_what_it_cannot_hold() -> None:
     rows = thumbs.dct_rows()
     with pytest.raises(ValueError, match="256 pixels a side"):

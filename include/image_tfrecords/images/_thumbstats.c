@@ -50,7 +50,17 @@ static int32_t overlap(int64_t cell, int64_t p, int64_t n) {
 /* Grey levels (x 1000) of the pixels, and the spread's sum. */
 VECTOR_CLONES static int64_t grey_levels(const uint8_t *restrict bytes, Py_ssize_t n, int kind, int32_t *restrict grey) {
     int64_t spread = 0;
-    if (kind == 3) {
+    if (kind == 5) { /* Pillow's own RGBX, handed over through Arrow: a pixel is one 32-bit word */
+        int32_t part = 0; /* at most 510 a pixel, 65536 pixels */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t word;
+            memcpy(&word, bytes + 4 * i, sizeof(word));
+            int32_t r = (int32_t)(word & 0xff), g = (int32_t)((word >> 8) & 0xff), b = (int32_t)((word >> 16) & 0xff);
+            grey[i] = 299 * r + 587 * g + 114 * b;
+            part += abs(r - g) + abs(g - b) + abs(b - r);
+        }
+        spread = part;
+    } else if (kind == 3) {
         /* R, G, B apart first, a chunk at a time: the loop over interleaved bytes does not vectorise, the
          * one over the planes does */
         uint8_t red[CHUNK], green[CHUNK], blue[CHUNK];
@@ -184,14 +194,15 @@ VECTOR_CLONES static uint64_t hash_bits(double *cells, Py_ssize_t n, const int64
 }
 
 /* The sums and the hash of a thumbnail's pixels; 0, or -1 with a Python error set. */
-static int thumbnail_sums(Py_buffer *pixels, Py_ssize_t width, Py_ssize_t height, int kind, Py_buffer *dct,
-                          Moments *m, uint64_t *bits) {
-    if (width < 1 || height < 1 || width > MAX_SIDE || height > MAX_SIDE || (kind != 1 && kind != 3 && kind != 4)) {
-        PyErr_SetString(PyExc_ValueError, "a thumbnail of 1 to 256 pixels a side, kind 1, 3 or 4");
+static int thumbnail_sums(const uint8_t *pixels, Py_ssize_t length, Py_ssize_t width, Py_ssize_t height, int kind,
+                          Py_buffer *dct, Moments *m, uint64_t *bits) {
+    if (width < 1 || height < 1 || width > MAX_SIDE || height > MAX_SIDE ||
+        (kind != 1 && kind != 3 && kind != 4 && kind != 5)) {
+        PyErr_SetString(PyExc_ValueError, "a thumbnail of 1 to 256 pixels a side, kind 1, 3, 4 or 5");
         return -1;
     }
     Py_ssize_t n = width * height;
-    if (pixels->len != n * (kind == 4 ? 4 : kind) || dct->len != (Py_ssize_t)(LOW * SIDE * sizeof(int64_t))) {
+    if (length != n * (kind == 5 ? 4 : kind) || dct->len != (Py_ssize_t)(LOW * SIDE * sizeof(int64_t))) {
         PyErr_SetString(PyExc_ValueError, "pixels or dct of the wrong length");
         return -1;
     }
@@ -203,7 +214,7 @@ static int thumbnail_sums(Py_buffer *pixels, Py_ssize_t width, Py_ssize_t height
     double cells[SIDE * SIDE];
     Py_BEGIN_ALLOW_THREADS
     memset(m, 0, sizeof(*m));
-    m->spread = grey_levels(pixels->buf, n, kind, grey);
+    m->spread = grey_levels(pixels, n, kind, grey);
     moments(grey, width, height, m);
     cell_sums(grey, width, height, grey + n, cells);
     *bits = hash_bits(cells, n, dct->buf);
@@ -221,7 +232,7 @@ static PyObject *sums(PyObject *self, PyObject *args) {
     Moments m;
     uint64_t bits;
     PyObject *result = NULL;
-    if (thumbnail_sums(&pixels, width, height, kind, &dct, &m, &bits) == 0)
+    if (thumbnail_sums(pixels.buf, pixels.len, width, height, kind, &dct, &m, &bits) == 0)
         result = Py_BuildValue("(LLLLLK)", (long long)m.s1, (long long)m.s2, (long long)m.d1, (long long)m.d2,
                                (long long)m.spread, (unsigned long long)bits);
     PyBuffer_Release(&pixels);
@@ -293,25 +304,17 @@ static PyObject *cell(double value) {
     return out;
 }
 
-static PyObject *measure(PyObject *self, PyObject *args) {
-    Py_buffer pixels, dct;
-    Py_ssize_t width, height;
-    long long stored_width, stored_height, channels;
-    int kind;
+/* The hash's digits and the columns of a thumbnail's pixels (see measure). */
+static PyObject *columns_of(const uint8_t *pixels, Py_ssize_t length, Py_ssize_t width, Py_ssize_t height, int kind,
+                            Py_buffer *dct, long long stored_width, long long stored_height, long long channels) {
     if (!flag_names[0]) {
         PyErr_SetString(PyExc_RuntimeError, "thresholds() first");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*nniy*LLL", &pixels, &width, &height, &kind, &dct, &stored_width, &stored_height,
-                          &channels))
-        return NULL;
     Moments m;
     uint64_t bits;
     PyObject *result = NULL, *values[5] = {NULL}, *columns = NULL;
-    int status = thumbnail_sums(&pixels, width, height, kind, &dct, &m, &bits);
-    PyBuffer_Release(&pixels);
-    PyBuffer_Release(&dct);
-    if (status < 0)
+    if (thumbnail_sums(pixels, length, width, height, kind, dct, &m, &bits) < 0)
         return NULL;
     long long n = (long long)width * height;
     double variance, detail = 0, sharpness = 0;
@@ -363,11 +366,76 @@ done:
     return result;
 }
 
+static PyObject *measure(PyObject *self, PyObject *args) {
+    Py_buffer pixels, dct;
+    Py_ssize_t width, height;
+    long long stored_width, stored_height, channels;
+    int kind;
+    if (!PyArg_ParseTuple(args, "y*nniy*LLL", &pixels, &width, &height, &kind, &dct, &stored_width, &stored_height,
+                          &channels))
+        return NULL;
+    PyObject *result = kind == 5 ? (PyErr_SetString(PyExc_ValueError, "kind 5 comes through Arrow"), NULL)
+                                 : columns_of(pixels.buf, pixels.len, width, height, kind, &dct, stored_width,
+                                              stored_height, channels);
+    PyBuffer_Release(&pixels);
+    PyBuffer_Release(&dct);
+    return result;
+}
+
+/* The Arrow C data interface's structures (a stable ABI: arrow.apache.org/docs/format/CDataInterface.html). */
+struct ArrowSchema {
+    const char *format, *name, *metadata;
+    int64_t flags, n_children;
+    struct ArrowSchema **children, *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+struct ArrowArray {
+    int64_t length, null_count, offset, n_buffers, n_children;
+    const void **buffers;
+    struct ArrowArray **children, *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+static PyObject *measure_arrow(PyObject *self, PyObject *args) {
+    PyObject *schema_capsule, *array_capsule;
+    Py_buffer dct;
+    Py_ssize_t width, height;
+    long long stored_width, stored_height, channels;
+    if (!PyArg_ParseTuple(args, "OOnny*LLL", &schema_capsule, &array_capsule, &width, &height, &dct, &stored_width,
+                          &stored_height, &channels))
+        return NULL;
+    PyObject *result = NULL;
+    struct ArrowSchema *schema = PyCapsule_GetPointer(schema_capsule, "arrow_schema");
+    struct ArrowArray *array = schema ? PyCapsule_GetPointer(array_capsule, "arrow_array") : NULL;
+    if (!array)
+        goto done;
+    /* Pillow's RGB: a fixed-size list of 4 bytes a pixel (R, G, B, padding), no nulls */
+    if (strcmp(schema->format, "+w:4") != 0 || schema->n_children != 1 || strcmp(schema->children[0]->format, "C") ||
+        array->n_children != 1 || array->null_count != 0 || array->length != (int64_t)width * height ||
+        array->children[0]->n_buffers != 2 || array->children[0]->null_count != 0 ||
+        array->children[0]->length < 4 * (array->offset + array->length) || !array->children[0]->buffers[1]) {
+        PyErr_SetString(PyExc_ValueError, "not an Arrow array of RGB pixels as Pillow exports them");
+        goto done;
+    }
+    const struct ArrowArray *bytes = array->children[0];
+    const uint8_t *data = (const uint8_t *)bytes->buffers[1] + bytes->offset + 4 * array->offset;
+    result = columns_of(data, 4 * (Py_ssize_t)array->length, width, height, 5, &dct, stored_width, stored_height,
+                        channels);
+done:
+    PyBuffer_Release(&dct);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"sums", sums, METH_VARARGS, "(s1, s2, d1, d2, spread, bits) of a thumbnail's pixels (see the module source)."},
     {"measure", measure, METH_VARARGS,
      "measure(pixels, width, height, kind, dct, stored_width, stored_height, channels) -> (phash, columns): "
      "images.quality.columns() and the hash's hex digits, in one call."},
+    {"measure_arrow", measure_arrow, METH_VARARGS,
+     "measure_arrow(schema, array, width, height, dct, stored_width, stored_height, channels): measure() of an RGB "
+     "image's Arrow export (Image.__arrow_c_array__), without copying its pixels."},
     {"thresholds", thresholds, METH_VARARGS,
      "thresholds(dark, bright, flat, blurry, grey, tiny, odd_aspect, flag_names): images.quality's, once."},
     {NULL, NULL, 0, NULL},

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .thumbnail import Thumbnail, _thumbstats, dct_rows, numpy_sums, pixels, thumbnail
+from .thumbnail import Thumbnail, _thumbstats, dct_rows, numpy_sums, pixels, reduced, thumbnail
 
 DARK = 40.0  # brightness below: dark
 BRIGHT = 235.0  # brightness above: bright (washed out)
@@ -95,11 +95,20 @@ def _values(thumb: Thumbnail) -> tuple[float, float, float | None, float]:
 def measured(image: Any, width: int, height: int, channels: int) -> tuple[str, dict[str, str]]:
     """(perceptual hash, columns) of an upright Pillow ``image`` (a thumbnail) of a stored image of ``width`` x
     ``height`` pixels with ``channels`` channels: inspection's path. One C call where the package has its
-    compiled part (``_thumbstats.measure``: ``columns``' operations, so the same strings); else the numpy
-    sums and ``columns``."""
-    data, thumb_width, thumb_height, kind = pixels(image)
+    compiled part (``_thumbstats.measure``: ``columns``' operations, so the same strings; an RGB image's
+    pixels read where Pillow keeps them, through its Arrow export); else the numpy sums and ``columns``."""
+    small = reduced(image)
     if _thumbstats is not None:
-        return _thumbstats.measure(data, thumb_width, thumb_height, kind, dct_rows(), width, height, channels)
+        if small.mode == "RGB":
+            try:
+                schema, array = small.__arrow_c_array__()
+            except (AttributeError, ValueError):  # a Pillow before 11.2; rows not in one block
+                pass
+            else:
+                return _thumbstats.measure_arrow(schema, array, small.width, small.height, dct_rows(), width, height,
+                                                 channels)
+        return _thumbstats.measure(*pixels(small), dct_rows(), width, height, channels)
+    data, thumb_width, thumb_height, kind = pixels(small)
     thumb = Thumbnail(thumb_width, thumb_height, *numpy_sums(data, thumb_width, thumb_height, kind, dct_rows()))
     return thumb.phash, columns(thumb, width, height, channels)
 

@@ -77,27 +77,34 @@ def thumbnail(image: Any) -> Thumbnail:
     return Thumbnail(width, height, *sums)
 
 
-def pixels(image: Any) -> tuple[bytes, int, int, int]:
-    """(pixels, width, height, kind) of a Pillow ``image`` as the passes take them (see ``_thumbstats.c``):
-    kind 3 for RGB bytes, 1 for grey bytes, 4 for 16-bit grey as int32 levels of 0-255000."""
+def reduced(image: Any) -> Any:
+    """A Pillow ``image`` as the passes take it: mode RGB, L or I (16-bit grey), at most SIDE pixels a side
+    (box filter); the image itself when it is so already."""
     mode = image.mode
     if mode in _SIXTEEN_BIT:
-        image, mode = image.convert("I"), "I"
+        image = image.convert("I")
     elif mode != "RGB" and mode != "L":
-        image, mode = image.convert("RGB"), "RGB"
+        image = image.convert("RGB")
     width, height = image.size
     if width > SIDE or height > SIDE:
         from PIL import Image
 
         scale = SIDE / max(width, height)
-        width, height = max(1, round(width * scale)), max(1, round(height * scale))
-        image = image.resize((width, height), Image.Resampling.BOX)
-    if mode == "I":
+        image = image.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.Resampling.BOX)
+    return image
+
+
+def pixels(image: Any) -> tuple[bytes, int, int, int]:
+    """(pixels, width, height, kind) of a Pillow ``image``, ``reduced``, as the passes take them (see
+    ``_thumbstats.c``): kind 3 for RGB bytes, 1 for grey bytes, 4 for 16-bit grey as int32 levels of 0-255000."""
+    image = reduced(image)
+    width, height = image.size
+    if image.mode == "I":
         import numpy as np
 
         levels = np.clip(np.asarray(image, dtype=np.int64).reshape(height, width), 0, 65535)
         return (levels * 255000 // 65535).astype(np.int32).tobytes(), width, height, 4
-    return image.tobytes(), width, height, 3 if mode == "RGB" else 1
+    return image.tobytes(), width, height, 3 if image.mode == "RGB" else 1
 
 
 def numpy_sums(data: bytes, width: int, height: int, kind: int, dct: bytes) -> tuple[int, int, int, int, int, int]:
