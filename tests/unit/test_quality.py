@@ -16,7 +16,7 @@ from PIL import Image, ImageFilter
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.errors import ConfigError
 from image_tfrecords.images.probe import inspect_image
-from image_tfrecords.images.quality import FLAGS, Quality, columns, measure, signals
+from image_tfrecords.images.quality import FLAGS, Quality, measure, signals
 from image_tfrecords.images.thumbnail import thumbnail
 
 
@@ -169,15 +169,3 @@ def test_the_numbers_do_not_depend_on_the_cpus_blas_kernels() -> None:
                               env={**os.environ, "OPENBLAS_CORETYPE": kernel}).stdout
                for kernel in ("Haswell", "Prescott")}
     assert len(outputs) == 1, outputs
-
-
-def test_inspections_columns_are_the_signals_columns() -> None:
-    """``columns`` (inspection's path) gives what ``signals(...).columns()`` gives, flags included, on tiny,
-    flat, dark, grey, elongated and noisy images."""
-    images = [noise(), noise(2, 2), noise(1, 9), noise(400, 100), noise(20, 20), noise(grey=True).convert("L"),
-              Image.new("RGB", (64, 64), (5, 5, 5)), Image.new("RGB", (64, 64), (250, 250, 250)),
-              noise(128, 96, seed=4).filter(ImageFilter.GaussianBlur(6))]
-    for image in images:
-        thumb = thumbnail(image)
-        for width, height, channels in ((image.width, image.height, 3), (image.width, image.height, 1), (0, 5, 3)):
-            assert columns(thumb, width, height, channels) == signals(thumb, width, height, channels).columns()

@@ -71,13 +71,9 @@ def signals(thumb: Thumbnail, width: int, height: int, channels: int) -> Quality
 
 
 def columns(thumb: Thumbnail, width: int, height: int, channels: int) -> dict[str, str]:
-    """``signals(...).columns()`` without the Quality between them: inspection's path, once an image (in a
-    worker that has just decoded a JPEG every Python call costs several times what it does in a warm loop)."""
-    brightness, contrast, sharpness, colourfulness = values = _values(thumb)
-    return {"brightness": f"{brightness:.3f}".rstrip("0").rstrip("."),
-            "contrast": f"{contrast:.3f}".rstrip("0").rstrip("."), "sharpness": _cell(sharpness),
-            "colourfulness": f"{colourfulness:.3f}".rstrip("0").rstrip("."),
-            "quality": "|".join(flags(*values, width, height, channels))}
+    """The inspection's columns of a ``thumbnail`` (``signals(...).columns()``): what ``_thumbstats.measure``
+    gives in one call, in the same operations."""
+    return signals(thumb, width, height, channels).columns()
 
 
 def _values(thumb: Thumbnail) -> tuple[float, float, float | None, float]:
