@@ -8,7 +8,8 @@
  *     sums(pixels, width, height, kind, dct) -> (s1, s2, d1, d2, spread, bits)
  *
  * pixels: width x height pixels, row by row: kind 1, one byte of grey each (scaled by 1000 here); kind 3,
- * three bytes R, G, B; kind 4, a native int32 grey level of 0-255000 (16-bit grey, scaled by the caller).
+ * three bytes R, G, B; kind 4, a native int32 grey level of 0-255000 (16-bit grey, scaled by the caller);
+ * kind 5, four bytes R, G, B, padding (Pillow's own layout, which measure_arrow reads in place).
  * At most 256 pixels a side (the caller reduces larger images). dct: 8 x 32 native int64, the DCT's rows in
  * fixed point, each at most 2^11 (made by the Python module). s1, s2: the sum of the grey levels and of
  * their squares; d1, d2: the same of the 4-neighbour Laplacian (4 g - up - down - left - right) over the
@@ -374,9 +375,8 @@ static PyObject *measure(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*nniy*LLL", &pixels, &width, &height, &kind, &dct, &stored_width, &stored_height,
                           &channels))
         return NULL;
-    PyObject *result = kind == 5 ? (PyErr_SetString(PyExc_ValueError, "kind 5 comes through Arrow"), NULL)
-                                 : columns_of(pixels.buf, pixels.len, width, height, kind, &dct, stored_width,
-                                              stored_height, channels);
+    PyObject *result = columns_of(pixels.buf, pixels.len, width, height, kind, &dct, stored_width, stored_height,
+                                  channels);
     PyBuffer_Release(&pixels);
     PyBuffer_Release(&dct);
     return result;

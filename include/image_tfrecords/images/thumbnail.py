@@ -2,11 +2,12 @@
 
 The perceptual hash (``perceptual``) and the quality signals (``quality``) are both taken from this. A
 JPEG's thumbnail is its 1/8-scale decode (inspection has it already); any other image is reduced here to at
-most ``SIDE`` pixels on its longest side. Pillow hands the pixels over once (``tobytes``).
+most ``SIDE`` pixels on its longest side. Pillow hands the pixels over once (``tobytes``, or in place through
+its Arrow export: ``quality.measured``).
 
 Everything is integer arithmetic, so the numbers are exact: the same on every CPU, and the same from the
 compiled pass (``_thumbstats``, built with the package where a C compiler is at hand: one call an image,
-about 10 us for a JPEG's thumbnail) and from the numpy fallback here (a dozen calls; tests compare the
+about 12 us for a JPEG's thumbnail) and from the numpy fallback here (a dozen calls; tests compare the
 two). A pixel's grey level is 1000 x its ITU-R 601 luma, ``299 R + 587 G + 114 B`` (Pillow's mode L
 unrounded); ``max(R, G, B) - min(R, G, B)`` is half of ``|R-G| + |G-B| + |B-R|``, so the colourfulness
 needs no per-pixel maximum.
