@@ -374,8 +374,10 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
                       f"{r['full']['build'].get('records_parsed', '?')} ({new_images(r)})"),
         row("MB of base shards read (hashed) by a worker: incremental",
             lambda r: mb(r["incremental"]["build"].get("base_bytes_read", 0))),
-        row("MB of shards copied by the kernel or the store / written by a worker: incremental",
-            lambda r: f"{mb(r['incremental']['build'].get('bytes_copied', 0))} / "
+        row("MB of shards kept from base shards as bytes / copied by the kernel or the store / written by a worker: "
+            "incremental",
+            lambda r: f"{mb(r['incremental']['build'].get('bytes_kept', 0))} / "
+                      f"{mb(r['incremental']['build'].get('bytes_copied', 0))} / "
                       f"{mb(r['incremental']['build'].get('bytes_written', 0))}"),
         row("MB of shards copied / written by a worker: full",
             lambda r: f"{mb(r['full']['build'].get('bytes_copied', 0))} / "
@@ -386,9 +388,9 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("S3: MB of base shards read by a worker / copied by the store / uploaded by a worker",
             lambda r: " / ".join(mb(r["s3"]["incremental"]["build"].get(k, 0)) for k in
                                  ("base_bytes_read", "bytes_copied", "bytes_written")) if "s3" in r else "not run"),
-        row("disk: MB/s writing 1 GB with fsync; seconds to write the night's copied shard bytes at that rate",
+        row("disk: MB/s writing 1 GB with fsync; seconds to write the night's kept shard bytes at that rate",
             lambda r: f"{r['disk_mb_per_s']:.0f} MB/s; "
-                      f"{r['incremental']['build'].get('bytes_copied', 0) / 1e6 / r['disk_mb_per_s']:.1f} s"
+                      f"{r['incremental']['build'].get('bytes_kept', 0) / 1e6 / r['disk_mb_per_s']:.1f} s"
             if "disk_mb_per_s" in r else "not measured"),
         row("incremental night by stage: discover / inspect / split / plan",
             lambda r: " / ".join(per_row(r, s) for s in ("discover", "inspect", "split", "plan"))),
@@ -411,9 +413,11 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         "version's files (reused shards are): shards with their `.tfindex`, plus the other files "
         "(labels.csv, inspected.csv, rejects.csv, manifest.json, TFDS metadata, the card); staging's "
         "temporary files (member lists, receipts) are not counted. Records parsed, MB of base shards "
-        "read, copied and written: the manifest's `build` (`records_parsed`, `base_bytes_read`, `bytes_copied`, "
-        "`bytes_written`). A spliced shard is its base shard's kept byte ranges (`os.copy_file_range`) plus "
-        "its new records; the base is read once, to prove its SHA-256 and to take the new shard's. Stage "
+        "read, kept, copied and written: the manifest's `build` (`records_parsed`, `base_bytes_read`, `bytes_kept`, "
+        "`bytes_copied`, `bytes_written`). A spliced shard is its base shard's kept byte ranges plus its new records; "
+        "locally the kept ranges are written by the worker past the page cache (`O_DIRECT`, so they count as "
+        "written by a worker; `os.copy_file_range` where the file system refuses that), on S3 copied by the store; "
+        "the base is read once, to prove its SHA-256 and to take the new shard's. Stage "
         "seconds are the CLI summary's, per row of the version's labels.csv.", "",
     ]
     for n in sizes:

@@ -28,7 +28,7 @@ from bench.incremental import EXTRA_SEED, Nights, night_counts
 # the CLI, with inspection's thumbnail measurements switched off (bench only: no build option does this)
 WITHOUT = ("import sys; import image_tfrecords.images.probe as p; "
            "p._thumbnail_facts = lambda *a, **k: ('', p._UNMEASURED); "
-           "from image_tfrecords.cli import main; sys.exit(main(sys.argv[1:]))")
+           "from image_tfrecords.cli import run; run(sys.argv[1:])")
 VARIANTS = ("with", "without")
 SIGNALS_ROUNDS = 8  # the fewest rounds at up to 20,000 images (bench/run.py)
 

@@ -1,8 +1,6 @@
 """``image-tfrecords``: see cli.py."""
 
-import sys
-
-from .cli import main
+from .cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -17,6 +17,7 @@ in staging and how to resume or clean it; the exit status is 128 + the signal nu
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
 import os
@@ -24,10 +25,11 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from . import stages
 from .config import BuildConfig, ConfigError, check_location, parse_columns, parse_splits
@@ -284,6 +286,26 @@ def _remove_temporaries(folder: str) -> None:
             if name.startswith(stages.TMP_PREFIX):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(dirpath, name))
+
+
+def run(argv: Sequence[str] | None = None) -> NoReturn:
+    """The command's process (``image-tfrecords``, ``python -m image_tfrecords``): ``main``, then the exit.
+
+    After a build the interpreter's own teardown (freeing every module and object one by one) takes 40-50 ms, 5%
+    of a small night. Once ``main`` has returned, its output is flushed, the exit handlers have run and no other
+    thread (nor profiler, nor tracer) is left, the process ends at once (``os._exit``) instead; otherwise as usual
+    (``sys.exit``)."""
+    code = main(argv)
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if others or sys.getprofile() is not None or sys.gettrace() is not None:  # a profiler or coverage saves at exit
+        sys.exit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe: let the usual exit report it
+        sys.exit(code)
+    atexit._run_exitfuncs()  # what the usual exit runs before its teardown: logging's flush, multiprocessing's
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

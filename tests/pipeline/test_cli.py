@@ -273,3 +273,31 @@ def test_a_build_without_bars_never_imports_tqdm(sample_dir: Path, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "False"
     assert (tmp_path / "out" / "d" / "v1" / "_SUCCESS").exists()
+
+
+def test_the_command_ends_at_once_yet_loses_no_output_nor_a_profile(sample_dir: Path, tmp_path: Path) -> None:
+    """``image-tfrecords`` ends its process with ``os._exit`` after a build (the interpreter's teardown is 5% of
+    a small night): its output to a pipe is whole, exit handlers run, and under a profiler it exits as usual, so
+    the profile is saved."""
+    import subprocess
+    import sys
+
+    args = ["build", "--source", str(sample_dir), "--dataset", "d", "--no-progress", "--workers", "2"]
+    marker = tmp_path / "atexit-ran"
+    script = (f"import atexit, pathlib, sys; atexit.register(pathlib.Path({str(marker)!r}).touch); "
+              "from image_tfrecords.cli import run; run(sys.argv[1:])")
+    quick = subprocess.run([sys.executable, "-c", script, *args, "--destination", str(tmp_path / "a"),
+                            "--version", "v1"], capture_output=True, text=True, timeout=300)
+    assert quick.returncode == 0, quick.stderr
+    assert "published d version v1" in quick.stdout and quick.stdout.rstrip().endswith("latest is v1")
+    assert marker.exists()
+    profile = tmp_path / "build.prof"
+    profiled = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "image_tfrecords", *args,
+                               "--destination", str(tmp_path / "b"), "--version", "v1"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert profiled.returncode == 0, profiled.stderr
+    assert profile.stat().st_size > 0
+    failed = subprocess.run([sys.executable, "-m", "image_tfrecords", "build", "--source", str(tmp_path / "none"),
+                             "--destination", str(tmp_path / "c"), "--dataset", "d", "--version", "v1"],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert failed.returncode != 0 and "error:" in failed.stderr

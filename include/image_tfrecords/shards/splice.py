@@ -12,7 +12,9 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
 * the base's ``.tfindex`` is proven by the SHA-256 its version published, and the framing of the first
   record of each kept run is checked against it (length and its CRC; every kept record's, for a base from
   before index digests): the records in between are where the proven index says, in proven bytes;
-* the bytes are copied by the kernel (``os.copy_file_range``: a reflink where the file system can);
+* the kept bytes are written to the new file past the page cache (``direct_file``: ``O_DIRECT``, on a thread,
+  while this one hashes), or, where the file system refuses that, copied by the kernel (``os.copy_file_range``:
+  a reflink where the file system can);
 * the new records are made from the source and checked in full as any written record (parsed,
   image SHA-256, plan row), and the ``.tfindex`` follows by arithmetic on the base's.
 
@@ -52,6 +54,7 @@ from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
 from ..storage.writeback import start_writeback
 from .checks import match_member, member_rows, record_facts, set_digest
+from .direct_file import DirectWriter
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
@@ -201,40 +204,54 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         try:
             _check_framing(view, starts, lengths, _framed(runs, bool(origin.get("index_sha256"))))
             offsets: list[tuple[int, int]] = []
-            out = stack.enter_context(open(path, "w+b"))
+            direct = None if remote else DirectWriter.create(path)  # None: a file system without O_DIRECT
+            if direct is not None:
+                stack.callback(direct.close)
+            out = direct or stack.enter_context(open(path, "w+b"))
             written = 0
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
+            new_digest = None
             for start, stop in runs:
                 first, last = first_bytes[start], ends[stop - 1]
                 if remote:
                     segments.append(Segment(last - first, _reader(base.fileno(), first), old, first))
+                elif direct is not None:  # handed to its thread: written while this one hashes
+                    direct.write(view[first:last])
                 else:
                     _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
+                    start_writeback(out.fileno(), written, last - first)  # the disk writes while this process hashes
                 offsets += zip((starts[start:stop] + (written - first)).tolist(), lengths[start:stop].tolist(),
                                strict=True)
                 written += last - first
-            if not remote:  # the disk writes the kept bytes while this process hashes
-                start_writeback(out.fileno(), 0, written)
-            after_prefix.wait()
-            if not shared:
-                raise BuildError(f"hashing {old} failed")
-            new_digest = shared[0]
-            for start, stop in runs:
-                if ends[stop - 1] > prefix:
-                    new_digest.update(view[max(first_bytes[start], prefix):ends[stop - 1]])
+                if last > prefix:  # the new digest, run by run, from the state the base's digest had at the prefix
+                    if new_digest is None:
+                        after_prefix.wait()
+                        if not shared:
+                            raise BuildError(f"hashing {old} failed")
+                        new_digest = shared[0]
+                    new_digest.update(view[max(first, prefix):last])
+            if new_digest is None:  # every kept record is in the prefix (or none is kept)
+                after_prefix.wait()
+                if not shared:
+                    raise BuildError(f"hashing {old} failed")
+                new_digest = shared[0]
         finally:
             hashing.join()
         if base_digest.hexdigest() != origin["sha256"]:
             raise DamagedBase("it does not hash to the sha256 its version's manifest gives")
         kept_bytes = written
         progress(kept)
-        out.seek(0 if remote else written)  # on S3 the local file holds only the new records
+        if direct is None:
+            out.seek(0 if remote else written)  # on S3 the local file holds only the new records
         appended = _append(cfg, storage, schema, shard, out, new_digest, members[kept:], kept, read_workers,
                            processes, progress)
         written += appended["bytes"]
         offsets += [(kept_bytes + a, b) for a, b in appended["offsets"]]
-        out.flush()
-        digest, copied = new_digest.hexdigest(), kept_bytes
+        if direct is not None:
+            direct.finish()
+        else:
+            out.flush()
+        digest, copied = new_digest.hexdigest(), 0 if direct is not None else kept_bytes  # direct: through this process
         if remote:
             segments.append(Segment(appended["bytes"], _reader(out.fileno(), 0)))
             copied = storage.compose(staged(cfg, SHARDS, shard), segments, digest,
@@ -245,8 +262,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         receipt = stage_shard(cfg, storage, shard, None if remote else path, offsets, written, digest, members_sha,
                               source_bytes=appended["source_bytes"],
                               rewritten_from={"version": origin["version"], "file": origin["file"]}, spliced=True,
-                              base_bytes_read=size, bytes_copied=copied, bytes_written=written - copied,
-                              records_parsed=len(members) - kept)
+                              base_bytes_read=size, bytes_kept=kept_bytes, bytes_copied=copied,
+                              bytes_written=written - copied, records_parsed=len(members) - kept)
     return _checked(cfg, storage, shard, receipt, members, members_sha)
 
 
@@ -316,7 +333,8 @@ def _checked(cfg: BuildConfig, storage: Storage, shard: str, receipt: dict[str, 
               "names": set_digest(m["filename"] for m in members), "members_sha256": members_sha,
               "index_sha256": receipt["index_sha256"], "source_bytes": receipt.get("source_bytes", 0),
               "rewritten_from": receipt["rewritten_from"],
-              **{key: receipt[key] for key in ("base_bytes_read", "bytes_copied", "bytes_written", "records_parsed")
+              **{key: receipt[key] for key in ("base_bytes_read", "bytes_kept", "bytes_copied", "bytes_written",
+                                                 "records_parsed")
                  if key in receipt}}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     return result

@@ -57,7 +57,7 @@ from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
 from .validate import validate_stage
-from .write import write_and_check, write_few, write_task
+from .write import warm_up, write_and_check, write_few, write_task
 
 __all__ = [
     "DISCOVERED",
@@ -182,6 +182,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             else:
                 results[stage.name] = stage.run(cfg, storage)
             seconds[stage.name] = round(time.perf_counter() - started, 3)
+            if stage.per_image and pool is not None:  # the pool idles through the metadata stages: a warm-up each
+                for _ in range(workers):
+                    pool.submit(warm_up)
             if stage.run is plan_stage and pool is not None:  # the card's pass over the rows, beside the writing
                 card_ahead = beside.submit(card_facts, cfg, storage)
             unchanged = results.get("discover", {}).get("unchanged_since")

@@ -100,6 +100,7 @@ def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[d
         "shards_spliced": sum("bytes_copied" in s and "rewritten_from" in s for s in shards),
         "records_parsed": sum(s.get("records_parsed", 0) for s in shards),
         "base_bytes_read": sum(s.get("base_bytes_read", 0) for s in shards),  # base shards read (hashed) by workers
+        "bytes_kept": sum(s.get("bytes_kept", 0) for s in shards),  # kept records' bytes spliced from base shards
         "bytes_copied": sum(s.get("bytes_copied", 0) for s in shards),  # by the kernel or the store, not a worker
         "bytes_written": sum(s.get("bytes_written", 0) for s in shards),  # shard bytes a worker wrote
         "shards_from_source_after_damage": [s["file"] for s in shards if s.get("fallback")],

@@ -18,6 +18,7 @@ from typing import Any
 from ..config import BuildConfig
 from ..parallel import task_pool, task_processes
 from ..progress import ProgressLog
+from ..records.example import parse_example
 from ..shards.checks import member_rows, validate_shard
 from ..shards.splice import can_splice, splice_shard
 from ..shards.writer import rewrite_shard, write_shard
@@ -55,6 +56,13 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
         else:
             rewrite_shard(cfg, storage, shard, origin, progress, read_workers, processes)
     return validate_shard(cfg, storage, shard, processes=processes, workers=read_workers)
+
+
+def warm_up() -> None:
+    """Import what a pool process's first shard would (protobuf, whose parser checks every new record: about 35 ms
+    a process). ``run_pipeline`` sends one to each process of its pool while the metadata stages keep it idle, so
+    the first shard written does not wait for it."""
+    parse_example(b"")
 
 
 class _Stopped(Exception):
