@@ -6,6 +6,7 @@ Real parts: the test machine's file system (skipped where it refuses O_DIRECT), 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import random
 from pathlib import Path
@@ -87,11 +88,14 @@ def test_a_failed_write_on_the_thread_is_raised_here(tmp_path: Path, small_buffe
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", full)
+    source = mmap.mmap(-1, small_buffers)  # as a base shard's map is handed over
     with pytest.raises(OSError) as raised:
         for _ in range(10):
-            writer.write(bytes(small_buffers))
+            with memoryview(source) as view:
+                writer.write(view[1:])
         writer.finish()
     assert raised.value.errno == errno.ENOSPC
+    source.close()  # the error's traceback holds no view of it
     writer.close()
     writer.close()  # twice is fine
     assert _open_fds() == before - 1

@@ -72,18 +72,19 @@ class DirectWriter:
 
     def write(self, data: Any) -> int:
         """Append ``data`` (bytes or a memoryview); returns its length."""
-        view = memoryview(data).cast("B")
         done = 0
-        while done < len(view):
-            if self._buffer is None:
-                raise ValueError("the file is closed")
-            take = min(BUFFER - self._filled, len(view) - done)
-            self._buffer[self._filled:self._filled + take] = view[done:done + take]
-            self._filled += take
-            done += take
-            if self._filled == BUFFER:
-                self._hand_over(BUFFER)
-                self._buffer = self._take_free()
+        with memoryview(data) as given, given.cast("B") as view:  # released here, even when raising (and no frame
+            del data                                               # of an error keeps the caller's buffer): the
+            while done < len(view):                                # caller's map may close then
+                if self._buffer is None:
+                    raise ValueError("the file is closed")
+                take = min(BUFFER - self._filled, len(view) - done)
+                self._buffer[self._filled:self._filled + take] = view[done:done + take]
+                self._filled += take
+                done += take
+                if self._filled == BUFFER:
+                    self._hand_over(BUFFER)
+                    self._buffer = self._take_free()
         self.size += done
         return done
 
