@@ -415,9 +415,9 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         "temporary files (member lists, receipts) are not counted. Records parsed, MB of base shards "
         "read, kept, copied and written: the manifest's `build` (`records_parsed`, `base_bytes_read`, `bytes_kept`, "
         "`bytes_copied`, `bytes_written`). A spliced shard is its base shard's kept byte ranges plus its new records; "
-        "locally the kept ranges are written by the worker past the page cache (`O_DIRECT`, so they count as "
-        "written by a worker; `os.copy_file_range` where the file system refuses that), on S3 copied by the store; "
-        "the base is read once, to prove its SHA-256 and to take the new shard's. Stage "
+        "locally the kept ranges are copied by the kernel (`os.copy_file_range`), on S3 by the store (a run shorter "
+        "than a part may be uploaded); the base is read once, to prove its SHA-256 and to take the new shard's, "
+        "then dropped from the page cache. Stage "
         "seconds are the CLI summary's, per row of the version's labels.csv.", "",
     ]
     for n in sizes:

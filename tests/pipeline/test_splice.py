@@ -19,7 +19,6 @@ import pytest
 from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.published import layout
-from image_tfrecords.shards.direct_file import DirectWriter
 from image_tfrecords.shards.splice import splice_shard
 from image_tfrecords.shards.writer import rewrite_shard
 from image_tfrecords.staging import PLAN, RECEIPTS, SHARDS, staged
@@ -191,61 +190,34 @@ def test_odd_file_names_survive_nights_of_rows_copied_as_text(tmp_path: Path) ->
         assert version.rows == read(storage, join(str(full), "d", f"v{number + 2}")).rows
 
 
-def _refuse_o_direct(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``O_DIRECT`` opens fail as on tmpfs and some FUSE or network mounts (EINVAL)."""
-    real_open = os.open
-
-    def open_without_direct(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument", str(path))
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", open_without_direct)
-
-
 def _splice_again(storage: Storage, cfg: BuildConfig, shard: str, origin: dict[str, Any]) -> dict[str, Any]:
     storage.delete(staged(cfg, RECEIPTS, shard + ".json"))  # not "already written": splice it
     storage.delete(staged(cfg, SHARDS, shard))
     return splice_shard(cfg, storage, shard, origin, read_workers=1)
 
 
-def test_kept_bytes_are_written_past_the_page_cache_where_the_file_system_takes_it(tmp_path: Path) -> None:
-    """Locally the kept runs are written with O_DIRECT by the worker (no page of cache to find for each of them),
-    so none is counted as copied by the kernel; the shard is the reference's all the same (above)."""
-    storage, _, cfg = night(tmp_path)
-    if DirectWriter.create(str(tmp_path / "probe")) is None:
-        pytest.skip("this file system does not take O_DIRECT writes")
-    shard, origin = sorted(read_json(storage, staged(cfg, PLAN))["rewrite"].items())[0]
-    checked = _splice_again(storage, cfg, shard, origin)
-    assert checked["bytes_copied"] == 0 and checked["bytes_written"] == checked["num_bytes"]
-    assert 0 < checked["bytes_kept"] < checked["num_bytes"]
-
-
-def test_without_o_direct_the_kernel_copies_the_kept_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file system that refuses O_DIRECT (tmpfs, some FUSE mounts): the kept runs are copied by the kernel
-    (``os.copy_file_range``), into the same shard."""
+def test_a_spliced_base_leaves_the_page_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once spliced, a base shard's pages are dropped (``POSIX_FADV_DONTNEED``, after its map is closed): the kernel
+    then finds free pages for the next copy instead of reclaiming them, and the new version stays cached."""
     storage, _, cfg = night(tmp_path)
     shard, origin = sorted(read_json(storage, staged(cfg, PLAN))["rewrite"].items())[0]
-    splice_shard(cfg, storage, shard, origin, read_workers=1)
-    want = Path(staged(cfg, SHARDS, shard)).read_bytes()
-    _refuse_o_direct(monkeypatch)
-    copies: list[int] = []
-    real_copy = os.copy_file_range
+    dropped: list[tuple[str, int, int, int]] = []
+    real_fadvise = os.posix_fadvise
 
-    def counted(*args: Any) -> int:
-        copies.append(done := real_copy(*args))
-        return done
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        dropped.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, advice))
+        real_fadvise(fd, offset, length, advice)
 
-    monkeypatch.setattr(os, "copy_file_range", counted)
+    monkeypatch.setattr(os, "posix_fadvise", spy)
     checked = _splice_again(storage, cfg, shard, origin)
-    assert Path(staged(cfg, SHARDS, shard)).read_bytes() == want and "fallback" not in checked
-    assert sum(copies) == checked["bytes_copied"] == checked["bytes_kept"] > 0
+    base = join(cfg.dataset_uri, origin["version"], origin["file"])
+    assert dropped == [(os.path.realpath(base), 0, 0, os.POSIX_FADV_DONTNEED)]
+    assert checked["bytes_copied"] == checked["bytes_kept"] > 0 and "fallback" not in checked
 
 
-def test_without_o_direct_or_copy_file_range_the_bytes_are_written(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A file system or kernel that takes neither (another device, a FUSE mount): the kept bytes are written
-    from the mapped base instead, to the same shard."""
+def test_without_copy_file_range_the_bytes_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system or kernel that cannot copy_file_range (another device, a FUSE mount): the kept
+    bytes are written from the mapped base instead, to the same shard."""
     storage, _, cfg = night(tmp_path)
     rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
     shard, origin = sorted(rewrites.items())[0]
@@ -256,7 +228,6 @@ def test_without_o_direct_or_copy_file_range_the_bytes_are_written(tmp_path: Pat
     def refuse(*_: object) -> int:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    _refuse_o_direct(monkeypatch)
     monkeypatch.setattr(os, "copy_file_range", refuse)
     checked = _splice_again(storage, cfg, shard, origin)
     assert Path(shard_uri).read_bytes() == want and "fallback" not in checked
