@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from image_tfrecords.storage import Storage
-from image_tfrecords.storage.documents import RowWriter, csv_writer, list_rows
+from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column, list_rows
 
 ODD_ROWS: list[list[Any]] = [
     ["plain", "row", "3"],
@@ -70,3 +70,19 @@ def test_list_rows_refuses_a_table_cut_inside_quotes(tmp_path: Path) -> None:
     uri.write_text('x,y\n1,"open\nnever closed\n')
     with list_rows(Storage(), str(uri)) as rows, pytest.raises(ValueError, match="inside a quoted field"):
         list(rows.reader)
+
+
+def test_first_column_and_rows_from_a_start_read_what_csv_reads(tmp_path: Path) -> None:
+    """A members table's names (``first_column``) and its rows from the kept ones on (``dict_rows(start=)``), for
+    names that need quotes: the same values ``csv.DictReader`` gives."""
+    uri = str(tmp_path / "t.csv")
+    with RowWriter(Storage(), uri, ["filename", "y", "z"]) as writer:
+        for values in ODD_ROWS:
+            writer.write_values(values)
+    data = Path(uri).read_bytes()
+    expected = list(csv.DictReader(io.StringIO(data.decode(), newline="")))
+    assert first_column(data, "t.csv", "filename") == [row["filename"] for row in expected]
+    for start in (0, 3, len(ODD_ROWS) - 1, len(ODD_ROWS), len(ODD_ROWS) + 2):
+        assert dict_rows(data, "t.csv", start) == expected[start:]
+    with pytest.raises(ValueError, match="expected 'name' first"):
+        first_column(data, "t.csv", "name")

@@ -276,3 +276,16 @@ def test_syncfs_runs_on_this_file_system(tmp_path: Path) -> None:
     syncfs(str(tmp_path / "f"))  # a file
     with pytest.raises(FileNotFoundError):
         syncfs(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_sha256_file_hashes_every_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """Files hashed through one reused buffer (chunks of 4 KiB here): the digest of the whole file, whatever its
+    size against the chunk's."""
+    from image_tfrecords.storage import base
+
+    monkeypatch.setattr(base, "HASH_CHUNK", 4096)
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    assert base.sha256_file(str(path)) == hashlib.sha256(data).hexdigest()

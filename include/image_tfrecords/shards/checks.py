@@ -27,7 +27,7 @@ from ..records.schema import FILENAME_KEY, RecordSchema, example_features
 from ..records.tfrecord import CorruptRecordError, read_records
 from ..staging import CHECKED, MEMBERS, RECEIPTS, SHARDS, Progress, no_progress, staged, staged_schema
 from ..storage import HashingReader, Storage
-from ..storage.documents import dict_rows, read_json, write_json
+from ..storage.documents import dict_rows, first_column, read_json, write_json
 
 _RECORD_OVERHEAD = 16  # length, its CRC and the data's CRC around each record
 
@@ -42,15 +42,20 @@ def set_digest(names: Iterator[str]) -> str:
     return f"{sum(map(name_hash, names)) % 2**128:032x}"
 
 
-def member_rows(members: bytes) -> list[dict[str, str]]:
-    """The rows of a staged ``members/{shard}.csv`` (bounded by the shard size)."""
-    return dict_rows(members, "a members table")
+def member_rows(members: bytes, start: int = 0) -> list[dict[str, str]]:
+    """The rows of a staged ``members/{shard}.csv`` (bounded by the shard size), from row ``start`` on."""
+    return dict_rows(members, "a members table", start)
+
+
+def member_names(members: bytes) -> list[str]:
+    """The file names of a staged ``members/{shard}.csv``, in its order (a kept or reused record needs no more)."""
+    return first_column(members, "a members table", "filename")
 
 
 def members_digest(members: bytes) -> tuple[str, int]:
     """The name digest and the number of the rows of a staged ``members/{shard}.csv``."""
-    rows = member_rows(members)
-    return set_digest(r["filename"] for r in rows), len(rows)
+    names = member_names(members)
+    return set_digest(iter(names)), len(names)
 
 
 def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,

@@ -54,7 +54,7 @@ from ..storage import Storage, is_s3, join
 from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
 from ..storage.writeback import start_writeback
-from .checks import match_member, member_rows, record_facts, set_digest
+from .checks import match_member, member_names, member_rows, record_facts, set_digest
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
@@ -139,16 +139,17 @@ def splice_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[st
     members_data = storage.read_bytes(members_uri)  # bounded by the shard size
     members_sha = hashlib.sha256(members_data).hexdigest()
     source = {"version": origin["version"], "file": origin["file"]}
-    members = member_rows(members_data)
+    names = member_names(members_data)  # the kept records need no more: only the new ones' rows are parsed
     if (receipt := already_written(cfg, storage, shard, members_sha, source)) is not None:
         progress(receipt["num_records"])
-        return _checked(cfg, storage, shard, receipt, members, members_sha)
+        return _checked(cfg, storage, shard, receipt, names, members_sha)
     kept, runs = origin["kept"], origin["runs"]
     if sum(stop - start for start, stop in runs) != kept:
         raise BuildError(f"the plan keeps {kept} records of {origin['file']}, its runs {runs} do not")
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
     try:
-        return _splice(cfg, storage, shard, origin, old, members, members_sha, progress, read_workers, processes)
+        return _splice(cfg, storage, shard, origin, old, members_data, names, members_sha, progress, read_workers,
+                       processes)
     except (DamagedBase, FileNotFoundError, SourceChanged) as exc:
         why = f"{old} is missing" if isinstance(exc, FileNotFoundError) else \
             f"{old} changed while it was spliced" if isinstance(exc, SourceChanged) else f"{old} is damaged: {exc}"
@@ -157,8 +158,8 @@ def splice_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[st
         return {**receipt, "fallback": why}
 
 
-def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any], old: str,
-            members: list[dict[str, str]], members_sha: str, progress: Progress, read_workers: int,
+def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any], old: str, members_data: bytes,
+            names: list[str], members_sha: str, progress: Progress, read_workers: int,
             processes: Executor | None) -> dict[str, Any]:
     kept, runs = origin["kept"], origin["runs"]
     index_data = storage.read_bytes(layout.index_file(old))
@@ -234,8 +235,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         kept_bytes = written
         progress(kept)
         out.seek(0 if remote else written)  # on S3 the local file holds only the new records
-        appended = _append(cfg, storage, schema, shard, out, new_digest, members[kept:], kept, read_workers,
-                           processes, progress)
+        appended = _append(cfg, storage, schema, shard, out, new_digest, member_rows(members_data, kept), kept,
+                           read_workers, processes, progress)
         written += appended["bytes"]
         offsets += [(kept_bytes + a, b) for a, b in appended["offsets"]]
         out.flush()
@@ -251,8 +252,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                               source_bytes=appended["source_bytes"],
                               rewritten_from={"version": origin["version"], "file": origin["file"]}, spliced=True,
                               base_bytes_read=size, bytes_kept=kept_bytes, bytes_copied=copied,
-                              bytes_written=written - copied, records_parsed=len(members) - kept)
-    return _checked(cfg, storage, shard, receipt, members, members_sha)
+                              bytes_written=written - copied, records_parsed=len(names) - kept)
+    return _checked(cfg, storage, shard, receipt, names, members_sha)
 
 
 def _drop_cached(fd: int) -> None:
@@ -325,12 +326,12 @@ def _append(cfg: BuildConfig, storage: Storage, schema: Any, shard: str, out: An
             "source_bytes": source_bytes}
 
 
-def _checked(cfg: BuildConfig, storage: Storage, shard: str, receipt: dict[str, Any],
-             members: list[dict[str, str]], members_sha: str) -> dict[str, Any]:
+def _checked(cfg: BuildConfig, storage: Storage, shard: str, receipt: dict[str, Any], names: list[str],
+             members_sha: str) -> dict[str, Any]:
     """Stage the check of a spliced shard: what ``validate_shard`` stages, from what splicing proved."""
     result = {"file": shard, "num_records": receipt["num_records"], "num_bytes": receipt["num_bytes"],
               "sha256": receipt["sha256"], "change_tag": storage.change_tag(staged(cfg, SHARDS, shard)),
-              "names": set_digest(m["filename"] for m in members), "members_sha256": members_sha,
+              "names": set_digest(iter(names)), "members_sha256": members_sha,
               "index_sha256": receipt["index_sha256"], "source_bytes": receipt.get("source_bytes", 0),
               "rewritten_from": receipt["rewritten_from"],
               **{key: receipt[key] for key in ("base_bytes_read", "bytes_kept", "bytes_copied", "bytes_written",

@@ -19,7 +19,7 @@ from ..config import BuildConfig
 from ..parallel import task_pool, task_processes
 from ..progress import ProgressLog
 from ..records.example import parse_example
-from ..shards.checks import member_rows, validate_shard
+from ..shards.checks import member_names, validate_shard
 from ..shards.splice import can_splice, splice_shard
 from ..shards.writer import rewrite_shard, write_shard
 from ..staging import MEMBERS, PLAN, Progress, no_progress, staged
@@ -45,7 +45,7 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
     origin = read_json(storage, staged(cfg, PLAN))["rewrite"].get(shard)
     with ExitStack() as stack:
         if progress is None:
-            records = len(member_rows(storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))))
+            records = len(member_names(storage.read_bytes(staged(cfg, MEMBERS, shard + ".csv"))))
             progress = stack.enter_context(ProgressLog(f"write {shard}", records, "records"))
         if origin is None:
             write_shard(cfg, storage, shard, progress, read_workers, processes)

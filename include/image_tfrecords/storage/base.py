@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -77,11 +78,19 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+HASH_CHUNK = 8 << 20
+
+
 def sha256_file(path: str) -> str:
+    """What the file at ``path`` hashes to. Read into one buffer in chunks of up to 8 MiB: ``hashlib`` hashes
+    each outside the GIL, and threads that hash side by side (the reuse stage's) then seldom wait to take the
+    GIL back while another thread runs Python, as they did after every 1 MiB read."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(max(1, min(HASH_CHUNK, os.fstat(f.fileno()).st_size + 1)))
+        with memoryview(buffer) as view:
+            while size := f.readinto(buffer):
+                digest.update(view[:size])
     return digest.hexdigest()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 import tempfile
@@ -81,12 +82,33 @@ def row_texts(lines: Iterable[str], name: str) -> Iterator[str]:
         yield line[:-1] if line[-1:] == "\n" else line
 
 
-def dict_rows(data: bytes, name: str) -> list[dict[str, str]]:
+def dict_rows(data: bytes, name: str, start: int = 0) -> list[dict[str, str]]:
     """The rows of a small table this package wrote (``data``, whole), as dicts: ``csv.DictReader``'s
-    answer at a fraction of its cost (see ``ListRows``)."""
+    answer at a fraction of its cost (see ``ListRows``); from row ``start`` on (the ones before are not parsed)."""
     lines = io.StringIO(data.decode("utf-8-sig"), newline="")
-    rows = ListRows(lines.readline().rstrip("\n"), row_texts(lines, name))
+    header = lines.readline().rstrip("\n")
+    texts = row_texts(lines, name)
+    for _ in itertools.islice(texts, start):
+        pass
+    rows = ListRows(header, texts)
     return [dict(zip(rows.fieldnames, values, strict=True)) for values in rows.reader]
+
+
+def first_column(data: bytes, name: str, column: str) -> list[str]:
+    """The values of the first column (``column``, checked against the header) of a small table this package
+    wrote, in order, without splitting the rest of each row: for passes that only need its keys."""
+    lines = io.StringIO(data.decode("utf-8-sig"), newline="")
+    header = lines.readline().rstrip("\n")
+    if header.split(",", 1)[0] != column:
+        raise ValueError(f"{name} has columns {header!r}, expected {column!r} first")
+    values = []
+    for text in row_texts(lines, name):
+        if text.startswith('"'):  # a value in quotes: parse the row
+            values.append(next(csv.reader([text]))[0])
+        else:
+            end = text.find(",")
+            values.append(text if end < 0 else text[:end])
+    return values
 
 
 def csv_field(value: str) -> str:
