@@ -13,7 +13,7 @@ import hashlib
 import io
 import struct
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any
@@ -37,7 +37,7 @@ def name_hash(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:16], "big")
 
 
-def set_digest(names: Iterator[str]) -> str:
+def set_digest(names: Iterable[str]) -> str:
     """An order-independent digest of a multiset of names (sum of their hashes mod 2^128)."""
     return f"{sum(map(name_hash, names)) % 2**128:032x}"
 
@@ -55,7 +55,7 @@ def member_names(members: bytes) -> list[str]:
 def members_digest(members: bytes) -> tuple[str, int]:
     """The name digest and the number of the rows of a staged ``members/{shard}.csv``."""
     names = member_names(members)
-    return set_digest(iter(names)), len(names)
+    return set_digest(names), len(names)
 
 
 def validate_shard(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress = no_progress,

@@ -331,7 +331,7 @@ def _checked(cfg: BuildConfig, storage: Storage, shard: str, receipt: dict[str, 
     """Stage the check of a spliced shard: what ``validate_shard`` stages, from what splicing proved."""
     result = {"file": shard, "num_records": receipt["num_records"], "num_bytes": receipt["num_bytes"],
               "sha256": receipt["sha256"], "change_tag": storage.change_tag(staged(cfg, SHARDS, shard)),
-              "names": set_digest(iter(names)), "members_sha256": members_sha,
+              "names": set_digest(names), "members_sha256": members_sha,
               "index_sha256": receipt["index_sha256"], "source_bytes": receipt.get("source_bytes", 0),
               "rewritten_from": receipt["rewritten_from"],
               **{key: receipt[key] for key in ("base_bytes_read", "bytes_kept", "bytes_copied", "bytes_written",

@@ -103,11 +103,8 @@ def first_column(data: bytes, name: str, column: str) -> list[str]:
         raise ValueError(f"{name} has columns {header!r}, expected {column!r} first")
     values = []
     for text in row_texts(lines, name):
-        if text.startswith('"'):  # a value in quotes: parse the row
-            values.append(next(csv.reader([text]))[0])
-        else:
-            end = text.find(",")
-            values.append(text if end < 0 else text[:end])
+        field = text[:field_end(text)]
+        values.append(next(csv.reader([field]))[0] if field.startswith('"') else field)  # quoted: csv unquotes it
     return values
 
 
