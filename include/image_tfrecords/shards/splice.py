@@ -8,7 +8,9 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
 * the base shard is read once (mapped), to prove it is the one its version published (its SHA-256,
   against the base manifest's) and to hash the new shard's kept bytes (the new shard's digest is
   taken in that same pass, then over the new records); the bytes before the first record the night
-  drops are the same in both, and are hashed once (the new digest starts from a copy of that state);
+  drops are the same in both, and are hashed once (the new digest starts from a copy of that state).
+  A base this build proved ahead (``shards.proofs``: hashed while the metadata stages ran, and still
+  the same file, unchanged since) is not hashed again: only the new shard's bytes are;
 * the base's ``.tfindex`` is proven by the SHA-256 its version published, and the framing of the first
   record of each kept run is checked against it (length and its CRC; every kept record's, for a base from
   before index digests): the records in between are where the proven index says, in proven bytes;
@@ -55,6 +57,7 @@ from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
 from ..storage.writeback import start_writeback
 from .checks import match_member, member_names, member_rows, record_facts, set_digest
+from .proofs import identity, proven
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
@@ -176,25 +179,34 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
                                                               prefix=TMP_PREFIX))
         path, base_path, remote, base_tag = os.path.join(tmp, shard), old, is_s3(old), None
+        proof = None if remote else proven(cfg, storage, origin)
         if remote:  # read once, to a local file: hashed and checked here, its long runs copied by the store
             base_path = os.path.join(tmp, "base-" + origin["file"])
             base_tag = storage.download(old, base_path)
         base = stack.enter_context(open(base_path, "rb"))
         if not remote:  # after the map is closed (the stack unwinds in reverse): its pages leave the page cache
             stack.callback(_drop_cached, base.fileno())
-        size = os.fstat(base.fileno()).st_size
+        stat = os.fstat(base.fileno())
+        size, ahead = stat.st_size, proof is not None and identity(stat) == proof  # proven by this build's prover
         if size != origin["num_bytes"] or (ends and ends[-1] != size):
             raise DamagedBase(f"it holds {size} bytes, its version published {origin['num_bytes']}")
         view = memoryview(stack.enter_context(mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ))) \
             if size else memoryview(b"")
         stack.callback(view.release)
         # The base's digest on the other core. Up to the first record the night drops, the new shard's bytes are the
-        # base's: that prefix is hashed once, and the new digest starts from a copy of its state.
+        # base's: that prefix is hashed once, and the new digest starts from a copy of its state. A base proven ahead
+        # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them.
         prefix = ends[runs[0][1] - 1] if runs and runs[0][0] == 0 else 0
         base_digest, after_prefix = hashlib.sha256(), threading.Event()
         shared: list[Any] = []
 
         def hash_base() -> None:
+            if ahead:
+                kept_digest = hashlib.sha256()
+                for start, stop in runs:
+                    kept_digest.update(view[first_bytes[start]:ends[stop - 1]])
+                shared.append(kept_digest)
+                return
             try:
                 base_digest.update(view[:prefix])
                 shared.append(base_digest.copy())
@@ -221,16 +233,18 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 written += last - first
             if not remote:  # the disk writes the kept bytes while this process hashes
                 start_writeback(out.fileno(), 0, written)
-            after_prefix.wait()
-            if not shared:
-                raise BuildError(f"hashing {old} failed")
-            new_digest = shared[0]
-            for start, stop in runs:
-                if ends[stop - 1] > prefix:
-                    new_digest.update(view[max(first_bytes[start], prefix):ends[stop - 1]])
+            if not ahead:
+                after_prefix.wait()
+                if shared:
+                    for start, stop in runs:
+                        if ends[stop - 1] > prefix:
+                            shared[0].update(view[max(first_bytes[start], prefix):ends[stop - 1]])
         finally:
             hashing.join()
-        if base_digest.hexdigest() != origin["sha256"]:
+        if not shared:
+            raise BuildError(f"hashing {old} failed")
+        new_digest = shared[0]
+        if not ahead and base_digest.hexdigest() != origin["sha256"]:
             raise DamagedBase("it does not hash to the sha256 its version's manifest gives")
         kept_bytes = written
         progress(kept)
@@ -253,7 +267,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                               rewritten_from={"version": origin["version"], "file": origin["file"]}, spliced=True,
                               base_bytes_read=size, bytes_kept=kept_bytes, bytes_copied=copied,
                               bytes_written=written - copied, records_parsed=len(names) - kept)
-    return _checked(cfg, storage, shard, receipt, names, members_sha)
+    return {**_checked(cfg, storage, shard, receipt, names, members_sha), "base_proven_ahead": ahead}
 
 
 def _drop_cached(fd: int) -> None:

@@ -31,6 +31,7 @@ from ..config import BuildConfig
 from ..errors import BuildError, GateTripped
 from ..rules.publish_gate import TRIPPED
 from ..shards.checks import validate_shard
+from ..shards.proofs import Prover
 from ..shards.writer import write_shard
 from ..staging import (
     DISCOVER_REJECTS,
@@ -152,16 +153,24 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     made durable together, by the publish (``Storage.defer_sync``). When the publish
     gate trips (and ``cfg.accept_gate`` is off), raises ``GateTripped`` with its report: nothing is published,
     the staging is kept (a rerun of the version with ``accept_gate`` reuses its finished shards). The result
-    (publish's) also gives ``stage_seconds`` and ``gate`` (the verdict).
+    (publish's) also gives ``stage_seconds``, ``gate`` (the verdict) and ``proven_ahead`` (``{"proven", "of"}``).
+
+    With a pool, once discovery has found changes, a ``shards.proofs.Prover`` hashes the base version's shards on a
+    thread of this process while inspect's join, split and plan (Python over every row, on one core) leave the
+    other core idle; it is stopped before the reuse stage, and the shards it proved are not hashed again.
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     storage.defer_sync(cfg.staging_uri)  # one syncfs before the publish, not an fsync per staged file
-    with ThreadPoolExecutor(1, thread_name_prefix="card") as beside:
+    prover: Prover | None = None
+    proven_ahead = {"proven": 0, "of": 0}
+    with ThreadPoolExecutor(1, thread_name_prefix="card") as beside, contextlib.ExitStack() as stack:
         card_ahead: Future[Any] | None = None
         for stage in PIPELINE:
             if stage.run is publish_stage:
                 before_publish()
+            if stage.run is reuse_stage and prover is not None:  # the stages from here on use the base shards
+                proven_ahead = prover.stop()
             started = time.perf_counter()
             if stage.per_shard:
                 shards = all_shards(cfg, storage)
@@ -191,8 +200,13 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             if stage.run is discover_stage and unchanged and not (force or cfg.full):
                 discard_stage(cfg, storage)
                 return {"unchanged_since": unchanged, "version": unchanged}
+            if stage.run is discover_stage and pool is not None:  # base shards hashed on the core left idle
+                found = results["discover"]
+                prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label"))).start()
+                stack.callback(prover.cancel)
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]
                 raise GateTripped(f"{lines[0]}: nothing was published", "\n".join(lines))
-    return {**results["publish"], "stage_seconds": seconds, "gate": results["gate"]["verdict"]}
+    return {**results["publish"], "stage_seconds": seconds, "gate": results["gate"]["verdict"],
+            "proven_ahead": proven_ahead}

@@ -1,0 +1,142 @@
+"""Prove the base version's shards ahead, on the core the metadata stages leave idle.
+
+A night splices or reuses the shards of the version it builds on, and uses a base shard only once it is
+proven: its SHA-256 must be the one its version published. Hashing them is most of a large night's work
+(4.65 GB at 100,000 images, about 3 s of a core), and the stages before the write (inspect's join, split,
+plan: Python over every row) keep one core busy and leave the other idle. So ``run_pipeline`` starts a
+``Prover`` once discovery has found changes: it hashes the base shards on a thread of the build's process
+(``hashlib`` lets go of the GIL) while those stages run, and is stopped before the first stage that uses
+them, whatever it got through. It stages what it proved (``proofs.json``): for each shard that hashed to
+its published digest, the file's identity and times when it did (``identity``). A splice or a reuse that
+finds its base with that same identity (device, inode, size, modification and change times) takes the
+proof instead of hashing the base again; any other (a shard not reached, a file replaced, touched or
+rewritten since, an S3 destination, a build run as separate Airflow tasks) is hashed where it is used, as
+before. A shard that did not hash to its digest is only left unproven: the stage that uses it finds the
+damage itself and says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import threading
+import time
+from typing import Any
+
+from ..config import BuildConfig
+from ..progress import log
+from ..records.schema import schema_of
+from ..rules.base_version import base_of, why_not_reuse_shards
+from ..staging import staged
+from ..storage import Storage, is_s3, join
+from ..storage.documents import read_json, write_json
+
+PROOFS = "proofs.json"  # in the build's staging prefix
+CHUNK = 64 * 1024 * 1024  # hashed at a time: the prover stops between chunks
+
+
+def identity(stat: os.stat_result) -> list[int]:
+    """What a proof holds of a file: a file replaced, rewritten or touched since has another."""
+    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def proven(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> list[int] | None:
+    """The identity of the base shard ``origin`` (a plan's ``{"version", "file", "sha256", ...}``) when this
+    build's prover proved it; None when it did not (or none ran)."""
+    try:
+        proofs = read_json(storage, staged(cfg, PROOFS))
+    except FileNotFoundError:
+        return None
+    entry = proofs.get("shards", {}).get(origin["file"]) if proofs.get("version") == origin["version"] else None
+    return entry["identity"] if entry and entry.get("sha256") == origin["sha256"] else None
+
+
+class Prover:
+    """Hashes the base shards of a build on a thread of this process until ``stop``; see the module."""
+
+    def __init__(self, cfg: BuildConfig, storage: Storage, previous: str | None, multi_label: bool) -> None:
+        self.cfg, self.storage = cfg, storage
+        self.version: str | None = None
+        self.shards: list[tuple[str, str, int]] = []  # (file, sha256, bytes) of each base shard
+        self.proofs: dict[str, dict[str, Any]] = {}
+        self.bytes_hashed, self.seconds = 0, 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if is_s3(cfg.dataset_uri) or not previous:  # an S3 base is hashed where it is downloaded, once
+            return
+        try:
+            base = base_of(cfg, storage, previous)
+        except Exception:  # a damaged base is the plan's to find and report
+            return
+        if base is None or why_not_reuse_shards(cfg, base, schema_of(cfg, multi_label)):
+            return
+        self.version = base.version
+        self.shards = [(s.file, s.sha256, s.num_bytes) for split in base.manifest.splits.values()
+                       for s in split.shards]
+
+    def start(self) -> Prover:
+        """Start hashing (nothing to do for a build that uses no base shards)."""
+        if self.shards:
+            self._thread = threading.Thread(target=self.run, name="prove-base", daemon=True)
+            self._thread.start()
+        return self
+
+    def run(self) -> None:
+        """Hash the base shards one after another until the last or ``stop`` (the thread ``start`` starts)."""
+        started = time.perf_counter()
+        try:
+            for file, sha256, num_bytes in self.shards:
+                if self._stop.is_set():
+                    break
+                if (held := self._prove(join(self.cfg.dataset_uri, self.version or "", file), num_bytes)) is None:
+                    continue
+                digest, stat = held
+                if digest == sha256:
+                    self.proofs[file] = {"sha256": sha256, "identity": identity(stat)}
+        except Exception as exc:  # only a head start: the shards are hashed where they are used
+            log.info("proving the base shards ahead stopped: %s", exc)
+        finally:
+            self.seconds = time.perf_counter() - started
+
+    def _prove(self, path: str, num_bytes: int) -> tuple[str, os.stat_result] | None:
+        """The SHA-256 of the file at ``path`` and its stat before it was read; None when it is not the
+        size its version published, is missing, or the prover was stopped before its end."""
+        try:
+            with open(path, "rb") as file:
+                stat = os.fstat(file.fileno())
+                if stat.st_size != num_bytes or not num_bytes:
+                    return None
+                digest = hashlib.sha256()
+                with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+                    for at in range(0, num_bytes, CHUNK):
+                        if self._stop.is_set():
+                            return None
+                        digest.update(view[at:at + CHUNK])
+                        self.bytes_hashed += min(CHUNK, num_bytes - at)
+                if identity(os.fstat(file.fileno())) != identity(stat):  # changed while it was read
+                    return None
+                return digest.hexdigest(), stat
+        except (OSError, ValueError):
+            return None
+
+    def stop(self) -> dict[str, Any]:
+        """Stop hashing (after the chunk in hand), stage what was proved, and say so in the log. Returns
+        ``{"proven": N, "of": M}``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if not self.shards:
+            return {"proven": 0, "of": 0}
+        write_json(self.storage, staged(self.cfg, PROOFS), {"version": self.version, "shards": self.proofs})
+        log.info("proved %d of %d base shards of version %s ahead (%.1f MB hashed in %.2f s, beside the metadata "
+                 "stages)", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds)
+        return {"proven": len(self.proofs), "of": len(self.shards)}
+
+    def cancel(self) -> None:
+        """Stop hashing and stage nothing (the build ended early)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,135 @@
+"""Base shards proven ahead (issue 22): hashed beside the metadata stages, their proof taken by a splice or a reuse
+only while the file is the very one that was hashed, untouched since.
+
+Real parts: a local folder, the pipeline's stages, a real process pool, TensorFlow reading what was published.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.parallel import process_pool
+from image_tfrecords.shards.proofs import PROOFS, Prover, proven
+from image_tfrecords.staging import PLAN, staged
+from image_tfrecords.storage import Storage, join
+from image_tfrecords.storage.documents import read_json
+from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read
+from tests.pipeline.test_splice import _splice_again, _splices_are_the_reference, night
+
+
+def _prove(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Prove every base shard of ``cfg``'s night (on this thread, to its end) and stage the proofs."""
+    found = read_json(storage, staged(cfg, "discover.json"))
+    prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
+    prover.run()
+    return prover.stop()
+
+
+def _base_file(cfg: BuildConfig, origin: dict[str, Any]) -> Path:
+    return Path(join(cfg.dataset_uri, origin["version"], origin["file"]))
+
+
+def test_proven_bases_splice_to_the_reference_without_hashing_them_again(tmp_path: Path) -> None:
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    assert _prove(cfg, storage) == {"proven": len(plan["rewrite"]) + len(plan["reuse"]),
+                                    "of": len(plan["rewrite"]) + len(plan["reuse"])}
+    for origin in plan["rewrite"].values():
+        assert proven(cfg, storage, origin) is not None
+        assert proven(cfg, storage, {**origin, "sha256": "0" * 64}) is None  # a proof is of one digest
+        assert proven(cfg, storage, {**origin, "version": "v0"}) is None  # and of one version's file
+    _splices_are_the_reference(storage, cfg, plan["rewrite"])  # byte for byte, digest and index included
+    shard, origin = sorted(plan["rewrite"].items())[0]
+    assert _splice_again(storage, cfg, shard, origin)["base_proven_ahead"] is True
+
+
+@pytest.mark.parametrize("change", ["bytes", "bytes_under_the_same_mtime", "replaced"])
+def test_a_base_changed_after_its_proof_is_hashed_again_and_found_out(change: str, tmp_path: Path) -> None:
+    """A base shard damaged after the prover hashed it, even with its modification time put back, or replaced by
+    another file: its proof no longer holds, the splice hashes it, finds the damage and writes from the source."""
+    storage, _, cfg = night(tmp_path)
+    _prove(cfg, storage)
+    shard, origin = sorted(read_json(storage, staged(cfg, PLAN))["rewrite"].items())[0]
+    old = _base_file(cfg, origin)
+    stat, data = old.stat(), bytearray(old.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    if change == "replaced":
+        old.with_name("new").write_bytes(bytes(data))
+        os.replace(old.with_name("new"), old)
+    else:
+        with open(old, "r+b") as f:  # in place: the same inode
+            f.write(bytes(data))
+    if change == "bytes_under_the_same_mtime":
+        os.utime(old, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # only the change time tells
+    checked = _splice_again(storage, cfg, shard, origin)
+    assert checked["fallback"].startswith(f"{old} is damaged"), checked
+    assert stages.validate_shard(cfg, storage, shard)["num_records"] == checked["num_records"]
+
+
+def test_a_reused_shard_takes_its_proof_only_for_the_file_that_was_hashed(tmp_path: Path) -> None:
+    storage = Storage()
+    source = base_source(tmp_path, storage, None, per_class=12)
+    dest = str(tmp_path / "out")
+    build(storage, source.uri, dest, "d", "v1")
+    add(source, Images(tmp_path / "new"), "triangles", "n", 2)  # additions only: all but a tail shard reused
+    cfg = config(source.uri, dest, "d", "v2")
+    for stage in stages.PIPELINE[:4]:
+        stage.run(cfg, storage, **({"workers": 1} if stage.per_image else {}))
+    reuse = sorted(read_json(storage, staged(cfg, PLAN))["reuse"].items())
+    assert len(reuse) >= 2
+    _prove(cfg, storage)
+    (kept, kept_origin), (damaged, damaged_origin) = reuse[:2]
+    old = _base_file(cfg, damaged_origin)
+    data = bytearray(old.read_bytes())
+    data[-1] ^= 0x01
+    with open(old, "r+b") as f:
+        f.write(bytes(data))
+    assert stages.reuse_shard(cfg, storage, kept, kept_origin)["base_proven_ahead"] is True
+    redone = stages.reuse_shard(cfg, storage, damaged, damaged_origin)
+    assert "reused_from" not in redone and redone.get("fallback", "").startswith(f"{old} is damaged"), redone
+
+
+def test_proofs_of_an_earlier_attempt_are_dropped_by_discovery(tmp_path: Path) -> None:
+    storage, _, cfg = night(tmp_path)
+    _prove(cfg, storage)
+    assert storage.exists(staged(cfg, PROOFS))
+    stages.discover_stage(cfg, storage)
+    assert not storage.exists(staged(cfg, PROOFS))
+
+
+def test_a_night_on_a_pool_proves_its_bases_and_equals_the_full_build(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``run_pipeline`` with a process pool: the prover runs beside the metadata stages (here let finish
+    before it is stopped, so every base shard is proven), and the version is the full build's, record for record."""
+    storage = Storage()
+    source = base_source(tmp_path, storage, None, per_class=12)
+    dest = str(tmp_path / "out")
+    build(storage, source.uri, dest, "d", "v1")
+    names = sorted(source.files())
+    for name in names[::6]:
+        source.delete(name)
+    add(source, Images(tmp_path / "new"), "triangles", "n", 3)
+    stop = Prover.stop
+
+    def finish_then_stop(self: Prover) -> dict[str, Any]:
+        if self._thread is not None:
+            self._thread.join()
+        return stop(self)
+
+    monkeypatch.setattr(Prover, "stop", finish_then_stop)
+    cfg = config(source.uri, dest, "d", "v2")
+    with process_pool(2) as pool:
+        result = stages.run_pipeline(cfg, storage, pool=pool, workers=2)
+    v2 = read(storage, result["uri"])
+    check_version(storage, v2, source.files())
+    facts = v2.build
+    assert result["proven_ahead"]["proven"] == result["proven_ahead"]["of"] == facts["shards_spliced"] + \
+        facts["shards_reused"] > 0
+    full = read(storage, build(storage, source.uri, str(tmp_path / "full"), "d", "v2", full=True)["uri"])
+    assert v2.rows == full.rows  # filename, content hash, label, label id, split of every record, as TF reads them
