@@ -13,6 +13,10 @@ proof instead of hashing the base again; any other (a shard not reached, a file 
 rewritten since, an S3 destination, a build run as separate Airflow tasks) is hashed where it is used, as
 before. A shard that did not hash to its digest is only left unproven: the stage that uses it finds the
 damage itself and says so.
+
+The build's process pool may fork its workers while the prover runs (a forked pool starts them at its first
+task): a worker never touches the prover's file, map or digest, and the prover takes no lock a worker could
+inherit taken (it logs only once stopped, from the thread that stops it).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ class Prover:
         self.version: str | None = None
         self.shards: list[tuple[str, str, int]] = []  # (file, sha256, bytes) of each base shard
         self.proofs: dict[str, dict[str, Any]] = {}
-        self.bytes_hashed, self.seconds = 0, 0.0
+        self.bytes_hashed, self.seconds, self.failed = 0, 0.0, ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if is_s3(cfg.dataset_uri) or not previous:  # an S3 base is hashed where it is downloaded, once
@@ -95,7 +99,7 @@ class Prover:
                 if digest == sha256:
                     self.proofs[file] = {"sha256": sha256, "identity": identity(stat)}
         except Exception as exc:  # only a head start: the shards are hashed where they are used
-            log.info("proving the base shards ahead stopped: %s", exc)
+            self.failed = str(exc)
         finally:
             self.seconds = time.perf_counter() - started
 
@@ -131,7 +135,8 @@ class Prover:
             return {"proven": 0, "of": 0}
         write_json(self.storage, staged(self.cfg, PROOFS), {"version": self.version, "shards": self.proofs})
         log.info("proved %d of %d base shards of version %s ahead (%.1f MB hashed in %.2f s, beside the metadata "
-                 "stages)", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds)
+                 "stages)%s", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
+                 f"; stopped by: {self.failed}" if self.failed else "")
         return {"proven": len(self.proofs), "of": len(self.shards)}
 
     def cancel(self) -> None:
