@@ -20,7 +20,11 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    new shards (a full rebuild when the `full_rebuild`
    param is set, when splits, salt, shard size or compression changed, or to compact once there
    would be more than 1.5x the shards of a full build). Unchanged files are not read again:
-   **plan_inspection** takes over the previous version's `inspected.csv` rows for them;
+   **plan_inspection** takes over the previous version's `inspected.csv` rows for them. Beside steps
+   2 to 4, **prove_base** hashes the previous version's shards (on the core those steps leave idle)
+   until the plan is staged, and stages a proof for each that matches its manifest's SHA-256: the
+   reuse and write tasks that find the very file proven (same device, inode, size and times) do not
+   hash it again, the others hash it as before (they never wait for this task);
 5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
    against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
    shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
@@ -160,6 +164,14 @@ def image_tfrecords() -> None:
         get_current_context()["chunk_label"] = result["label"]
         return result
 
+    @task(execution_timeout=timedelta(hours=1))
+    def prove_base() -> dict[str, Any]:
+        """Hash the previous version's shards beside inspection, split and plan, until the plan is staged: the
+        reuse and write tasks do not hash again the ones proven (and do not wait for this task)."""
+        from image_tfrecords import stages
+
+        return _run(stages.prove_stage)
+
     @task
     def split(inspected: list[dict[str, Any]]) -> dict[str, Any]:
         """Merge the chunks' rows; resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
@@ -246,7 +258,8 @@ def image_tfrecords() -> None:
 
     found = discover()
     chunks = plan_inspection()
-    source_changed(found) >> chunks
+    changed = source_changed(found)
+    changed >> [chunks, prove_base()]
     shard_tasks = plan(split(inspect_images.expand(chunk=chunks)))
     validated = validate(reuse_shards(shard_tasks))
     write_shards.expand(task_index=shard_tasks) >> validated

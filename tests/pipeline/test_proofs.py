@@ -95,6 +95,30 @@ def test_a_reused_shard_takes_its_proof_only_for_the_file_that_was_hashed(tmp_pa
     assert "reused_from" not in redone and redone.get("fallback", "").startswith(f"{old} is damaged"), redone
 
 
+def test_the_dags_prove_task_proves_until_the_plan_is_staged(tmp_path: Path) -> None:
+    """``prove_stage`` (the DAG's ``prove_base``, which the write tasks do not wait for) stops once the plan is
+    staged: started before it, it proves every base shard; started after it, none (the writes hash them)."""
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    used = len(plan["rewrite"]) + len(plan["reuse"])
+    assert stages.prove_stage(cfg, storage) == {"proven": 0, "of": used}  # the plan is staged: nothing to do
+    plan_file = Path(staged(cfg, PLAN))
+    plan_file.rename(plan_file.with_suffix(".away"))
+    assert stages.prove_stage(cfg, storage) == {"proven": used, "of": used}
+    plan_file.with_suffix(".away").rename(plan_file)
+    shard, origin = sorted(plan["rewrite"].items())[0]
+    assert _splice_again(storage, cfg, shard, origin)["base_proven_ahead"] is True
+
+
+def test_a_proofs_file_that_is_not_a_provers_proves_nothing(tmp_path: Path) -> None:
+    storage, _, cfg = night(tmp_path)
+    origin = next(iter(read_json(storage, staged(cfg, PLAN))["rewrite"].values()))
+    for junk in (b"not json", b"[]", b'{"version": "v1"}', b'{"version": "v1", "shards": {"%s": 3}}'
+                 % origin["file"].encode()):
+        storage.write_bytes(staged(cfg, PROOFS), junk)
+        assert proven(cfg, storage, origin) is None
+
+
 def test_proofs_of_an_earlier_attempt_are_dropped_by_discovery(tmp_path: Path) -> None:
     storage, _, cfg = night(tmp_path)
     _prove(cfg, storage)

@@ -6,11 +6,12 @@ proven: its SHA-256 must be the one its version published. Hashing them is most 
 plan: Python over every row) keep one core busy and leave the other idle. So ``run_pipeline`` starts a
 ``Prover`` once discovery has found changes: it hashes the base shards on a thread of the build's process
 (``hashlib`` lets go of the GIL) while those stages run, and is stopped before the first stage that uses
-them, whatever it got through. It stages what it proved (``proofs.json``): for each shard that hashed to
+them, whatever it got through (the DAG runs ``stages.prove_stage`` as a task beside those stages instead,
+which stops once the plan is staged). It stages what it proved (``proofs.json``): for each shard that hashed to
 its published digest, the file's identity and times when it did (``identity``). A splice or a reuse that
 finds its base with that same identity (device, inode, size, modification and change times) takes the
 proof instead of hashing the base again; any other (a shard not reached, a file replaced, touched or
-rewritten since, an S3 destination, a build run as separate Airflow tasks) is hashed where it is used, as
+rewritten since, an S3 destination, a write task on another machine) is hashed where it is used, as
 before. A shard that did not hash to its digest is only left unproven: the stage that uses it finds the
 damage itself and says so.
 
@@ -26,6 +27,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..config import BuildConfig
@@ -50,10 +52,10 @@ def proven(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> list[i
     build's prover proved it; None when it did not (or none ran)."""
     try:
         proofs = read_json(storage, staged(cfg, PROOFS))
-    except FileNotFoundError:
+        entry = proofs["shards"].get(origin["file"]) if proofs.get("version") == origin["version"] else None
+        return list(entry["identity"]) if entry and entry.get("sha256") == origin["sha256"] else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none staged, or not what a prover stages
         return None
-    entry = proofs.get("shards", {}).get(origin["file"]) if proofs.get("version") == origin["version"] else None
-    return entry["identity"] if entry and entry.get("sha256") == origin["sha256"] else None
 
 
 class Prover:
@@ -66,18 +68,18 @@ class Prover:
         self.proofs: dict[str, dict[str, Any]] = {}
         self.bytes_hashed, self.seconds, self.failed = 0, 0.0, ""
         self._stop = threading.Event()
+        self._until: Callable[[], bool] = lambda: False
         self._thread: threading.Thread | None = None
         if is_s3(cfg.dataset_uri) or not previous:  # an S3 base is hashed where it is downloaded, once
             return
         try:
             base = base_of(cfg, storage, previous)
+            if base is None or why_not_reuse_shards(cfg, base, schema_of(cfg, multi_label)):
+                return
+            shards = [(s.file, s.sha256, s.num_bytes) for split in base.manifest.splits.values() for s in split.shards]
         except Exception:  # a damaged base is the plan's to find and report
             return
-        if base is None or why_not_reuse_shards(cfg, base, schema_of(cfg, multi_label)):
-            return
-        self.version = base.version
-        self.shards = [(s.file, s.sha256, s.num_bytes) for split in base.manifest.splits.values()
-                       for s in split.shards]
+        self.version, self.shards = base.version, shards
 
     def start(self) -> Prover:
         """Start hashing (nothing to do for a build that uses no base shards)."""
@@ -86,12 +88,14 @@ class Prover:
             self._thread.start()
         return self
 
-    def run(self) -> None:
-        """Hash the base shards one after another until the last or ``stop`` (the thread ``start`` starts)."""
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Hash the base shards one after another until the last, ``stop``, or ``until()`` (asked between
+        chunks) is true: the thread ``start`` starts runs this."""
         started = time.perf_counter()
+        self._until = until
         try:
             for file, sha256, num_bytes in self.shards:
-                if self._stop.is_set():
+                if self._stopped():
                     break
                 if (held := self._prove(join(self.cfg.dataset_uri, self.version or "", file), num_bytes)) is None:
                     continue
@@ -114,7 +118,7 @@ class Prover:
                 digest = hashlib.sha256()
                 with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
                     for at in range(0, num_bytes, CHUNK):
-                        if self._stop.is_set():
+                        if self._stopped():
                             return None
                         digest.update(view[at:at + CHUNK])
                         self.bytes_hashed += min(CHUNK, num_bytes - at)
@@ -123,6 +127,11 @@ class Prover:
                 return digest.hexdigest(), stat
         except (OSError, ValueError):
             return None
+
+    def _stopped(self) -> bool:
+        if not self._stop.is_set() and self._until():
+            self._stop.set()
+        return self._stop.is_set()
 
     def stop(self) -> dict[str, Any]:
         """Stop hashing (after the chunk in hand), stage what was proved, and say so in the log. Returns
@@ -133,7 +142,12 @@ class Prover:
             self._thread = None
         if not self.shards:
             return {"proven": 0, "of": 0}
-        write_json(self.storage, staged(self.cfg, PROOFS), {"version": self.version, "shards": self.proofs})
+        try:
+            write_json(self.storage, staged(self.cfg, PROOFS), {"version": self.version, "shards": self.proofs})
+        except OSError as exc:  # only a head start: never a reason for a build to fail
+            log.warning("the proofs of the base shards could not be staged (%s): they are hashed where they are used",
+                        exc)
+            return {"proven": 0, "of": len(self.shards)}
         log.info("proved %d of %d base shards of version %s ahead (%.1f MB hashed in %.2f s, beside the metadata "
                  "stages)%s", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
                  f"; stopped by: {self.failed}" if self.failed else "")

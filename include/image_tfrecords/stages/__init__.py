@@ -1,6 +1,7 @@
 """The pipeline's stages, in order: the one definition the DAG, the command line and the benchmark use.
 
     discover -> inspect (plan_inspection, inspect_chunk per chunk, gather_inspection) -> split -> plan
+                (beside them: prove, hashing the previous version's shards ahead)
              -> reuse (copy the previous version's kept shards)
              -> write (one per shard: write, then check) -> validate -> card -> gate -> publish
 
@@ -54,6 +55,7 @@ from .discover import discard_stage, discover_stage
 from .gate import approve_gate, gate_stage
 from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
 from .plan import all_shards, plan_stage, task_shards
+from .prove import prove_stage
 from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
@@ -88,6 +90,7 @@ __all__ = [
     "inspect_stage",
     "plan_inspection",
     "plan_stage",
+    "prove_stage",
     "publish_stage",
     "reuse_shard",
     "reuse_stage",
