@@ -437,7 +437,7 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("records parsed: incremental / full (added and changed images)",
             lambda r: f"{r['incremental']['build'].get('records_parsed', '?')} / "
                       f"{r['full']['build'].get('records_parsed', '?')} ({new_images(r)})"),
-        row("MB of base shards read (hashed) by a worker: incremental",
+        row("MB of base shards read by a worker (hashed there unless proven ahead): incremental",
             lambda r: mb(r["incremental"]["build"].get("base_bytes_read", 0))),
         row("MB of shards kept from base shards as bytes / copied by the kernel or the store / written by a worker: "
             "incremental",

@@ -24,7 +24,8 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    2 to 4, **prove_base** hashes the previous version's shards (on the core those steps leave idle)
    until the plan is staged, and stages a proof for each that matches its manifest's SHA-256: the
    reuse and write tasks that find the very file proven (same device, inode, size and times) do not
-   hash it again, the others hash it as before (they never wait for this task);
+   hash it again, the others hash it as before (they never wait for this task, and it never fails
+   the run);
 5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
    against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
    shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
@@ -164,7 +165,9 @@ def image_tfrecords() -> None:
         get_current_context()["chunk_label"] = result["label"]
         return result
 
-    @task(execution_timeout=timedelta(hours=1))
+    # Nothing downstream, so a failure would fail the run: the stage never raises (a task killed under it is
+    # retried: a retry after the plan is staged, or after the staging went, does nothing). First in line for a slot.
+    @task(execution_timeout=timedelta(hours=1), priority_weight=100, weight_rule="absolute")
     def prove_base() -> dict[str, Any]:
         """Hash the previous version's shards beside inspection, split and plan, until the plan is staged: the
         reuse and write tasks do not hash again the ones proven (and do not wait for this task)."""

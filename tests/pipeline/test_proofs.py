@@ -6,6 +6,7 @@ Real parts: a local folder, the pipeline's stages, a real process pool, TensorFl
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.parallel import process_pool
+from image_tfrecords.shards import splice
 from image_tfrecords.shards.proofs import PROOFS, Prover, proven
 from image_tfrecords.staging import PLAN, staged
 from image_tfrecords.storage import Storage, join
@@ -45,8 +47,72 @@ def test_proven_bases_splice_to_the_reference_without_hashing_them_again(tmp_pat
         assert proven(cfg, storage, {**origin, "sha256": "0" * 64}) is None  # a proof is of one digest
         assert proven(cfg, storage, {**origin, "version": "v0"}) is None  # and of one version's file
     _splices_are_the_reference(storage, cfg, plan["rewrite"])  # byte for byte, digest and index included
+    for shard, origin in sorted(plan["rewrite"].items()):  # and each of them took its proof
+        assert _splice_again(storage, cfg, shard, origin)["base_proven_ahead"] is True, shard
+
+
+def test_a_base_damaged_before_the_prover_reads_it_is_not_proven(tmp_path: Path) -> None:
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
     shard, origin = sorted(plan["rewrite"].items())[0]
-    assert _splice_again(storage, cfg, shard, origin)["base_proven_ahead"] is True
+    old = _base_file(cfg, origin)
+    data = bytearray(old.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    old.write_bytes(bytes(data))
+    used = len(plan["rewrite"]) + len(plan["reuse"])
+    assert _prove(cfg, storage) == {"proven": used - 1, "of": used}
+    assert proven(cfg, storage, origin) is None
+    checked = _splice_again(storage, cfg, shard, origin)
+    assert checked["fallback"].startswith(f"{old} is damaged") and not checked.get("base_proven_ahead"), checked
+
+
+def test_a_prover_stops_when_asked_between_chunks(tmp_path: Path) -> None:
+    storage, _, cfg = night(tmp_path)
+    found = read_json(storage, staged(cfg, "discover.json"))
+    prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
+    assert len(prover.shards) > 2
+    prover.run(until=lambda: len(prover.proofs) >= 1)  # asked between chunks: after the first shard
+    assert prover.stop() == {"proven": 1, "of": len(prover.shards)}
+
+
+def test_a_proven_base_edited_while_it_is_spliced_is_not_trusted(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its proof held when the splice opened it; an edit in place during the copy (the same inode, new times) is
+    seen after the copy and the hashing: the shard is written from the source instead."""
+    storage, _, cfg = night(tmp_path)
+    _prove(cfg, storage)
+    shard, origin = sorted(read_json(storage, staged(cfg, PLAN))["rewrite"].items())[0]
+    old = _base_file(cfg, origin)
+    copy = splice._copy_range
+
+    def copy_then_edit(*args: Any) -> None:
+        copy(*args)
+        with open(old, "r+b") as f:
+            f.seek(0)
+            f.write(f.read(1))  # the same byte again: only the times say it was written
+    monkeypatch.setattr(splice, "_copy_range", copy_then_edit)
+    checked = _splice_again(storage, cfg, shard, origin)
+    assert checked.get("fallback") == f"{old} changed while it was spliced", checked
+
+
+def test_a_base_touched_but_unchanged_is_hashed_again_and_spliced(tmp_path: Path) -> None:
+    storage, _, cfg = night(tmp_path)
+    _prove(cfg, storage)
+    shard, origin = sorted(read_json(storage, staged(cfg, PLAN))["rewrite"].items())[0]
+    os.utime(_base_file(cfg, origin))  # same bytes, other times: the proof no longer holds, the base is fine
+    checked = _splice_again(storage, cfg, shard, origin)
+    assert checked["base_proven_ahead"] is False and "fallback" not in checked, checked
+
+
+def test_proofs_from_another_machine_prove_nothing(tmp_path: Path) -> None:
+    """On a network file system another machine may see the same device and inode numbers for another file."""
+    storage, _, cfg = night(tmp_path)
+    _prove(cfg, storage)
+    origin = next(iter(read_json(storage, staged(cfg, PLAN))["rewrite"].values()))
+    assert proven(cfg, storage, origin) is not None
+    proofs = read_json(storage, staged(cfg, PROOFS))
+    storage.write_bytes(staged(cfg, PROOFS), json.dumps({**proofs, "host": "another machine"}).encode())
+    assert proven(cfg, storage, origin) is None
 
 
 @pytest.mark.parametrize("change", ["bytes", "bytes_under_the_same_mtime", "replaced"])
@@ -102,12 +168,14 @@ def test_the_dags_prove_task_proves_until_the_plan_is_staged(tmp_path: Path) -> 
     plan = read_json(storage, staged(cfg, PLAN))
     used = len(plan["rewrite"]) + len(plan["reuse"])
     assert stages.prove_stage(cfg, storage) == {"proven": 0, "of": used}  # the plan is staged: nothing to do
-    plan_file = Path(staged(cfg, PLAN))
-    plan_file.rename(plan_file.with_suffix(".away"))
+    summary, plan_file = Path(staged(cfg, "discover.json")), Path(staged(cfg, PLAN))
+    stamp = plan_file.stat().st_mtime_ns
+    os.utime(summary, ns=(stamp + 10**9, stamp + 10**9))  # a plan older than this attempt's discovery: a rerun's
     assert stages.prove_stage(cfg, storage) == {"proven": used, "of": used}
-    plan_file.with_suffix(".away").rename(plan_file)
     shard, origin = sorted(plan["rewrite"].items())[0]
     assert _splice_again(storage, cfg, shard, origin)["base_proven_ahead"] is True
+    summary.unlink()  # the build's staging gone (published, or discarded) before the task ran: nothing to do
+    assert stages.prove_stage(cfg, storage) == {"proven": 0, "of": 0}
 
 
 def test_a_proofs_file_that_is_not_a_provers_proves_nothing(tmp_path: Path) -> None:

@@ -7,24 +7,27 @@ plan: Python over every row) keep one core busy and leave the other idle. So ``r
 ``Prover`` once discovery has found changes: it hashes the base shards on a thread of the build's process
 (``hashlib`` lets go of the GIL) while those stages run, and is stopped before the first stage that uses
 them, whatever it got through (the DAG runs ``stages.prove_stage`` as a task beside those stages instead,
-which stops once the plan is staged). It stages what it proved (``proofs.json``): for each shard that hashed to
-its published digest, the file's identity and times when it did (``identity``). A splice or a reuse that
-finds its base with that same identity (device, inode, size, modification and change times) takes the
-proof instead of hashing the base again; any other (a shard not reached, a file replaced, touched or
-rewritten since, an S3 destination, a write task on another machine) is hashed where it is used, as
-before. A shard that did not hash to its digest is only left unproven: the stage that uses it finds the
-damage itself and says so.
+which stops once the attempt's plan is staged). It stages what it proved (``proofs.json``): for each shard
+that hashed to its published digest, the file's identity when it did (``identity``: device, inode, size,
+modification and change times), with this machine's boot id (``host``). A splice or a reuse on this machine
+that finds its base with that same identity takes the proof instead of hashing the base again (a splice
+checks the identity once more after its copy); any other (a shard not reached, a file replaced, touched or
+rewritten since, an S3 destination, a task on another machine) is hashed where it is used, as before. A
+shard that did not hash to its digest is only left unproven: the stage that uses it finds the damage
+itself and says so. Files are read into one buffer, not mapped: a bad sector, or a file cut short while it
+is read, is an error that leaves the shard unproven, never a SIGBUS.
 
 The build's process pool may fork its workers while the prover runs (a forked pool starts them at its first
-task): a worker never touches the prover's file, map or digest, and the prover takes no lock a worker could
-inherit taken (it logs only once stopped, from the thread that stops it).
+task): a worker never touches the prover's file, buffer or digest, and the prover takes no lock a worker
+could inherit taken (it logs nothing; ``stop``, on the thread that stops it, tells what it did).
 """
 
 from __future__ import annotations
 
 import hashlib
-import mmap
+import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +42,7 @@ from ..storage import Storage, is_s3, join
 from ..storage.documents import read_json, write_json
 
 PROOFS = "proofs.json"  # in the build's staging prefix
-CHUNK = 64 * 1024 * 1024  # hashed at a time: the prover stops between chunks
+CHUNK = 8 * 1024 * 1024  # read and hashed at a time: the prover stops between chunks
 
 
 def identity(stat: os.stat_result) -> list[int]:
@@ -47,12 +50,23 @@ def identity(stat: os.stat_result) -> list[int]:
     return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
+def host() -> str:
+    """This machine as it runs now (its boot id; its name where there is none): a proof holds only here. On a
+    network file system another machine may see the same device and inode numbers for another file."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
 def proven(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> list[int] | None:
     """The identity of the base shard ``origin`` (a plan's ``{"version", "file", "sha256", ...}``) when this
     build's prover proved it; None when it did not (or none ran)."""
     try:
         proofs = read_json(storage, staged(cfg, PROOFS))
-        entry = proofs["shards"].get(origin["file"]) if proofs.get("version") == origin["version"] else None
+        entry = proofs["shards"].get(origin["file"]) if (proofs.get("version"), proofs.get("host")) == \
+            (origin["version"], host()) else None
         return list(entry["identity"]) if entry and entry.get("sha256") == origin["sha256"] else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none staged, or not what a prover stages
         return None
@@ -103,26 +117,27 @@ class Prover:
                 if digest == sha256:
                     self.proofs[file] = {"sha256": sha256, "identity": identity(stat)}
         except Exception as exc:  # only a head start: the shards are hashed where they are used
-            self.failed = str(exc)
+            self.failed = f"{type(exc).__name__}: {exc}"  # told by ``stop``: this thread logs nothing (see above)
         finally:
             self.seconds = time.perf_counter() - started
 
     def _prove(self, path: str, num_bytes: int) -> tuple[str, os.stat_result] | None:
         """The SHA-256 of the file at ``path`` and its stat before it was read; None when it is not the
-        size its version published, is missing, or the prover was stopped before its end."""
+        size its version published, is missing or unreadable, changed while it was read, or the prover was
+        stopped before its end. Read into one buffer, not mapped: a bad sector or a file cut short while it is
+        read is an error here, not a SIGBUS."""
         try:
-            with open(path, "rb") as file:
+            with open(path, "rb", buffering=0) as file:
                 stat = os.fstat(file.fileno())
                 if stat.st_size != num_bytes or not num_bytes:
                     return None
-                digest = hashlib.sha256()
-                with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
-                    for at in range(0, num_bytes, CHUNK):
-                        if self._stopped():
-                            return None
-                        digest.update(view[at:at + CHUNK])
-                        self.bytes_hashed += min(CHUNK, num_bytes - at)
-                if identity(os.fstat(file.fileno())) != identity(stat):  # changed while it was read
+                digest, buffer, read = hashlib.sha256(), bytearray(CHUNK), 0
+                with memoryview(buffer) as view:
+                    while read < num_bytes and not self._stopped() and (count := file.readinto(buffer)):
+                        digest.update(view[:count])
+                        read += count
+                self.bytes_hashed += read
+                if read != num_bytes or identity(os.fstat(file.fileno())) != identity(stat):  # cut short, or changed
                     return None
                 return digest.hexdigest(), stat
         except (OSError, ValueError):
@@ -143,14 +158,16 @@ class Prover:
         if not self.shards:
             return {"proven": 0, "of": 0}
         try:
-            write_json(self.storage, staged(self.cfg, PROOFS), {"version": self.version, "shards": self.proofs})
+            write_json(self.storage, staged(self.cfg, PROOFS),
+                       {"version": self.version, "host": host(), "shards": self.proofs})
         except OSError as exc:  # only a head start: never a reason for a build to fail
             log.warning("the proofs of the base shards could not be staged (%s): they are hashed where they are used",
                         exc)
             return {"proven": 0, "of": len(self.shards)}
-        log.info("proved %d of %d base shards of version %s ahead (%.1f MB hashed in %.2f s, beside the metadata "
-                 "stages)%s", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
-                 f"; stopped by: {self.failed}" if self.failed else "")
+        log.log(logging.WARNING if self.failed else logging.INFO,
+                "proved %d of %d base shards of version %s ahead (%.1f MB hashed in %.2f s, beside the metadata "
+                "stages)%s", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
+                f"; stopped by {self.failed}: the rest are hashed where they are used" if self.failed else "")
         return {"proven": len(self.proofs), "of": len(self.shards)}
 
     def cancel(self) -> None:

@@ -241,6 +241,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                             shared[0].update(view[max(first_bytes[start], prefix):ends[stop - 1]])
         finally:
             hashing.join()
+        if ahead and identity(os.fstat(base.fileno())) != proof:  # its proof held when it was opened, not now
+            raise SourceChanged(f"{old} changed while it was spliced")
         if not shared:
             raise BuildError(f"hashing {old} failed")
         new_digest = shared[0]

@@ -205,8 +205,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 return {"unchanged_since": unchanged, "version": unchanged}
             if stage.run is discover_stage and pool is not None:  # base shards hashed on the core left idle
                 found = results["discover"]
-                prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label"))).start()
+                prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
                 stack.callback(prover.cancel)
+                prover.start()
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]
