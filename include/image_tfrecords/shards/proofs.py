@@ -24,7 +24,6 @@ could inherit taken (it logs nothing; ``stop``, on the thread that stops it, tel
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -39,10 +38,10 @@ from ..records.schema import schema_of
 from ..rules.base_version import base_of, why_not_reuse_shards
 from ..staging import staged
 from ..storage import Storage, is_s3, join
+from ..storage.base import sha256_read
 from ..storage.documents import read_json, write_json
 
 PROOFS = "proofs.json"  # in the build's staging prefix
-CHUNK = 8 * 1024 * 1024  # read and hashed at a time: the prover stops between chunks
 
 
 def identity(stat: os.stat_result) -> list[int]:
@@ -131,11 +130,7 @@ class Prover:
                 stat = os.fstat(file.fileno())
                 if stat.st_size != num_bytes or not num_bytes:
                     return None
-                digest, buffer, read = hashlib.sha256(), bytearray(CHUNK), 0
-                with memoryview(buffer) as view:
-                    while read < num_bytes and not self._stopped() and (count := file.readinto(buffer)):
-                        digest.update(view[:count])
-                        read += count
+                digest, read = sha256_read(file, self._stopped)
                 self.bytes_hashed += read
                 if read != num_bytes or identity(os.fstat(file.fileno())) != identity(stat):  # cut short, or changed
                     return None

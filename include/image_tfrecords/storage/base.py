@@ -11,11 +11,11 @@ import base64
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import StorageError
 
@@ -82,16 +82,24 @@ HASH_CHUNK = 8 << 20
 
 
 def sha256_file(path: str) -> str:
-    """What the file at ``path`` hashes to. Read into one buffer in chunks of up to 8 MiB: ``hashlib`` hashes
-    each outside the GIL, and threads that hash side by side (the reuse stage's) then seldom wait to take the
-    GIL back while another thread runs Python, as they did after every 1 MiB read."""
-    digest = hashlib.sha256()
+    """What the file at ``path`` hashes to (``sha256_read``)."""
     with open(path, "rb", buffering=0) as f:
-        buffer = bytearray(max(1, min(HASH_CHUNK, os.fstat(f.fileno()).st_size + 1)))
-        with memoryview(buffer) as view:
-            while size := f.readinto(buffer):
-                digest.update(view[:size])
-    return digest.hexdigest()
+        return sha256_read(f)[0].hexdigest()
+
+
+def sha256_read(file: BinaryIO, stopped: Callable[[], bool] = lambda: False) -> tuple[Any, int]:
+    """The SHA-256 (a ``hashlib`` object) of what the unbuffered ``file`` holds from where it is to its end, and
+    the bytes read; ``stopped()``, asked before each read, ends it early. Read into one buffer in chunks of up to
+    8 MiB: ``hashlib`` hashes each outside the GIL, and threads that hash side by side (the reuse stage's, the
+    prover's beside the metadata stages) then seldom wait to take the GIL back while another thread runs
+    Python, as they did after every 1 MiB read. A read error is an ``OSError``, never a SIGBUS (as under a map)."""
+    digest, read = hashlib.sha256(), 0
+    buffer = bytearray(max(1, min(HASH_CHUNK, os.fstat(file.fileno()).st_size + 1)))
+    with memoryview(buffer) as view:
+        while not stopped() and (size := file.readinto(buffer)):
+            digest.update(view[:size])
+            read += size
+    return digest, read
 
 
 class HashingWriter:
