@@ -146,10 +146,7 @@ class Prover:
     def stop(self) -> dict[str, Any]:
         """Stop hashing (after the chunk in hand), stage what was proved, and say so in the log. Returns
         ``{"proven": N, "of": M}``."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self.cancel()
         if not self.shards:
             return {"proven": 0, "of": 0}
         try:
@@ -166,7 +163,7 @@ class Prover:
         return {"proven": len(self.proofs), "of": len(self.shards)}
 
     def cancel(self) -> None:
-        """Stop hashing and stage nothing (the build ended early)."""
+        """Stop hashing (after the chunk in hand) and stage nothing (the build ended early)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
