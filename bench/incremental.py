@@ -69,8 +69,8 @@ class Nights:
     The copy is hard links (``cp -al``), so it costs nothing; a night never writes a file in place
     (it unlinks first), so the cached corpus is never changed."""
 
-    def __init__(self, corpus: Path, extras: Path, folder: Path, shard_size_mb: float) -> None:
-        self.folder, self.extras, self.shard_size_mb = folder, extras, shard_size_mb
+    def __init__(self, corpus: Path, extras: Path, folder: Path, shard_size_mb: float, workers: int = 2) -> None:
+        self.folder, self.extras, self.shard_size_mb, self.workers = folder, extras, shard_size_mb, workers
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         self.source, self.out = folder / "source", folder / "out"
@@ -126,16 +126,17 @@ class Nights:
 
     def command(self, version: str, dest: str, full: bool = False) -> list[str]:
         return [PY, "-m", "image_tfrecords", "build", "--source", str(self.source), "--destination", dest,
-                "--dataset", "nightly", "--version", version, "--workers", "2",
+                "--dataset", "nightly", "--version", version, "--workers", str(self.workers),
                 "--shard-size-mb", f"{self.shard_size_mb:g}", "--no-progress", *(["--full"] if full else [])]
 
 
-def s3_night(corpus: Path, extras: Path, work: Path, counts: dict[str, int], shard_size_mb: float) -> dict[str, Any]:
+def s3_night(corpus: Path, extras: Path, work: Path, counts: dict[str, int], shard_size_mb: float,
+             workers: int = 2) -> dict[str, Any]:
     """The same first version and night 2 with the destination on a local SeaweedFS server: what a spliced
     shard costs when its kept runs are copied by the store (``UploadPartCopy``) instead of the kernel."""
     from tools import seaweedfs
 
-    nights = Nights(corpus, extras, work / "incremental-s3", shard_size_mb)
+    nights = Nights(corpus, extras, work / "incremental-s3", shard_size_mb, workers)
     data = tempfile.mkdtemp(prefix="bench-s3-")  # short: SeaweedFS's unix socket path must fit in 108 bytes
     server = seaweedfs.start(data)
     try:
@@ -243,17 +244,21 @@ def night_row(night: int, run: Run, manifest: dict[str, Any], shard_size_mb: flo
 
 
 def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: float = 100.0,
-                       chain: int = 0, repeats: int | None = None) -> dict[str, Any]:
+                       chain: int = 0, repeats: int | None = None, workers: int | None = None,
+                       s3: bool = True) -> dict[str, Any]:
     """A first version of ``images`` images, an unchanged night, then night 2 built incrementally and with
     ``--full`` into an empty destination, ``repeats`` times each taking turns (the median run of each is
     reported; default 3 up to 20,000 images, else 1: a build's seconds move by 10-20% from one run to the
-    next on the benchmark machine); then ``chain`` - 1 more nights (``chain`` nights in all)."""
+    next on the benchmark machine); then ``chain`` - 1 more nights (``chain`` nights in all). Every build
+    runs ``--workers workers`` (default: this machine's cores); ``s3`` adds night 2 on a SeaweedFS server
+    (up to 20,000 images)."""
     repeats = repeats or (3 if images <= 20_000 else 1)
+    workers = workers or os.cpu_count() or 2
     counts = night_counts(images)
     corpus, pixels = make_corpus(images, work, parts=1 if images <= 20_000 else 2, synthetic=synthetic)
     need = max(1, chain) * (counts["added"] + counts["changed"]) + counts["added"]  # + the additions-only night
     extras, _ = make_corpus(need + max(20, need // 10), work, synthetic=synthetic, seed=EXTRA_SEED)
-    nights = Nights(corpus, extras, work / f"incremental-{images}", shard_size_mb)
+    nights = Nights(corpus, extras, work / f"incremental-{images}", shard_size_mb, workers)
 
     def say(what: str, run: Run) -> None:
         print(f"  {images} images, {what}: {run.seconds:.2f} s", flush=True)
@@ -297,7 +302,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
     inc_records, full_records = ({tuple(r[k] for k in keys) for r in rows} for rows in (inc_rows, full_rows))
     report: dict[str, Any] = {
         "images": m1["num_records"], "megabytes": corpus_facts(corpus)[1] / 1e6, "pixels": pixels,
-        "shard_size_mb": shard_size_mb, "night": night,
+        "shard_size_mb": shard_size_mb, "night": night, "workers": workers, "cores": os.cpu_count(),
         "first": {"seconds": first.seconds, "rss_mb": first.rss_mb, "shards": shard_total(m1)},
         "unchanged": {"seconds": unchanged.seconds, "skipped": skipped, "says": unchanged.stdout.strip()[-300:]},
         "repeats": repeats,
@@ -341,8 +346,8 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
         "full": {"seconds": add_full.seconds, "build": maf["build"], "shards": shard_total(maf)}}
     shutil.rmtree(nights.folder)
     report["disk_mb_per_s"] = disk_write_rate(work, 50 if synthetic else 1000)
-    if images <= 20_000:
-        report["s3"] = s3_night(corpus, extras, work, counts, shard_size_mb)
+    if s3 and images <= 20_000:
+        report["s3"] = s3_night(corpus, extras, work, counts, shard_size_mb, workers)
     return report
 
 
@@ -358,13 +363,13 @@ def _repeats(r: dict[str, Any]) -> str:
 
 def _write_floor(r: dict[str, Any]) -> str:
     """The write stage's hashing and copying, as CPU-seconds at this machine's measured rates (``write_rates``):
-    what no scheduling of the current design's write can go below on 2 cores."""
-    rates, build = r["write_rates"], r["incremental"]["build"]
+    what no scheduling of the current design's write can go below on the builds' ``--workers`` cores."""
+    rates, build, cores = r["write_rates"], r["incremental"]["build"], r.get("workers", 2)
     hashed = build.get("base_bytes_read", 0) + build.get("bytes_kept", 0)
     hashing = hashed / 1e9 / rates["hash_gb_per_cpu_s"]
     copying = build.get("bytes_copied", 0) / 1e9 / rates["copy_gb_per_cpu_s"]
     return (f"{rates['hash_gb_per_cpu_s']:.2f} / {rates['copy_gb_per_cpu_s']:.2f} ({rates['copy_gb_per_s']:.2f} GB/s); "
-            f"{hashing:.2f} + {copying:.2f} CPU-s, **{(hashing + copying) / 2:.2f} s** on 2 cores "
+            f"{hashing:.2f} + {copying:.2f} CPU-s, **{(hashing + copying) / cores:.2f} s** on {cores} cores "
             f"(write stage {r['incremental'].get('stages', {}).get('write', float('nan')):.2f} s)")
 
 
@@ -402,7 +407,8 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         f"`make_corpus` corpus, seed {EXTRA_SEED}, into the class folders), {NIGHT['deleted']:.1%} deleted, "
         f"{NIGHT['changed']:.2%} changed (a JPEG's bytes replaced by another JPEG's, written as a new file: "
         "new size and mtime). The source is a hard-link copy of the cached corpus (`cp -al`; a night "
-        "unlinks before it writes). Every build is `image-tfrecords build --workers 2 "
+        "unlinks before it writes). Every build is `image-tfrecords build --workers "
+        f"{any_run.get('workers', 2)} "
         f"--shard-size-mb {any_run['shard_size_mb']:g} --no-progress` into a local folder: night01 (the "
         "first version, a full build), the same source again (an unchanged night), night02 after one "
         "night's changes, incremental on night01, and `--full` of the same night02 source into an empty "
@@ -460,7 +466,7 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("base shards proven ahead (hashed beside the metadata stages): incremental",
             lambda r: r["incremental"].get("proven_ahead", "not recorded")),
         row("this machine: SHA-256 GB per CPU-second / kernel copy GB per CPU-second (GB/s, 2 threads); CPU-seconds "
-            "to hash the bases read and the kept bytes and to copy them at those rates, over 2 cores",
+            "to hash the bases read and the kept bytes and to copy them at those rates, over the builds' cores",
             lambda r: _write_floor(r) if "write_rates" in r else "not measured"),
         row("incremental night by stage: discover / inspect / split / plan",
             lambda r: " / ".join(per_row(r, s) for s in ("discover", "inspect", "split", "plan"))),
@@ -493,7 +499,7 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         "on one thread, and `os.copy_file_range` of them into new files two at a time, in GB per CPU-second of "
         "user and system time, measured after night 2 on night01's shards from the page cache; the CPU-seconds "
         "are the night's hashing (`base_bytes_read` + `bytes_kept`) and copying (`bytes_copied`) at those rates, "
-        "halved for 2 cores: what the write stage of this design cannot go below here. Stage "
+        "divided by the builds' `--workers` cores: what the write stage of this design cannot go below here. Stage "
         "seconds are the CLI summary's, per row of the version's labels.csv.", "",
     ]
     for n in sizes:
@@ -540,7 +546,7 @@ def incremental_targets(runs: dict[int, dict[str, Any]]) -> list[tuple[str, str,
              f"{parsed} for {new} images", parsed is not None and parsed <= 2 * new),
             (f"{n} images: the 1% night >= {goal}x faster than `--full`",
              f"{r['speedup']:.1f}x ({r['incremental']['seconds']:.1f} s vs {r['full']['seconds']:.1f} s, "
-             f"{os.cpu_count()} cores)", r["speedup"] >= goal),
+             f"{r.get('cores', os.cpu_count())} cores, --workers {r.get('workers', 2)})", r["speedup"] >= goal),
             (f"{n} images: source bytes read <= 2x the added and changed images'",
              f"{r['source_ratio']:.2f}x ({r['incremental']['build']['source_bytes_read'] / 1e6:.1f} MB of "
              f"{r['night']['new_bytes'] / 1e6:.1f} MB)", r["source_ratio"] <= 2),

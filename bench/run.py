@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -91,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="image counts of the incremental nights ('' for none; default: 6000,100000)")
     parser.add_argument("--chain", type=int, default=10,
                         help="nights in the chain, at the smallest --incremental size (0 for none; default: 10)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                        help="--workers of the incremental nights' builds (default: this machine's cores)")
+    parser.add_argument("--no-s3", action="store_true",
+                        help="incremental nights without the night on a SeaweedFS server")
     parser.add_argument("--scaling", type=int, default=20_000,
                         help="corpus size of the scaling over cores (0 for none; default: 20000)")
     parser.add_argument("--dag-stack", type=int, default=10_000,
@@ -128,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "make bench" if not args.smoke else "bench/run.py --smoke"
     if args.only == "incremental":
         command = (f"bench/run.py{' --smoke' * args.smoke} --only incremental --incremental {args.incremental} "
-                   f"--chain {args.chain}")
+                   f"--chain {args.chain} --workers {args.workers}{' --no-s3' * args.no_s3}")
     if args.only == "scaling":
         command = f"bench/run.py{' --smoke' * args.smoke} --only scaling --scaling {args.scaling}"
     if args.only == "options":
@@ -193,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for images in sizes:
         print(f"incremental nights: {images} images ...", flush=True)
         incremental[images] = incremental_nights(images, work, args.smoke, shard_size_mb,
-                                                 chain=args.chain if images == sizes[0] else 0)
+                                                 chain=args.chain if images == sizes[0] else 0,
+                                                 workers=args.workers, s3=not args.no_s3)
     if incremental:
         text += "\n".join(render_incremental(incremental)) + "\n"
         rows += incremental_targets(incremental)
