@@ -271,10 +271,9 @@ def test_signal_stops_build_cleanly_and_rerun_resumes(signame: str, phase: str, 
 
 def test_sigterm_while_a_night_splices_its_shards_side_by_side_stops_promptly(sample_dir: Path,
                                                                               tmp_path: Path) -> None:
-    """A night whose few shards are all spliced (each on a thread of its own, their new records made by the
-    pool, every read slowed): SIGTERM stops it within seconds, not after every shard in flight is done (a
-    thread stops after the pool call it waits for: 8 records, 1.2 s here), and the same command again
-    publishes every image."""
+    """A night whose few shards are all spliced (each in a pool process of its own, with its new records, every
+    read slowed): SIGTERM stops it within seconds, not after every shard in flight is done (the pool's processes
+    are ended with the shards they were splicing), and the same command again publishes every image."""
     from image_tfrecords.images.sample import make_sample
 
     src, dest = _source(sample_dir, tmp_path), tmp_path / "out"

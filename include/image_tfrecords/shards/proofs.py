@@ -24,12 +24,16 @@ could inherit taken (it logs nothing; ``stop``, on the thread that stops it, tel
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, wait
 from typing import Any
 
 from ..config import BuildConfig
@@ -42,6 +46,7 @@ from ..storage.base import sha256_read
 from ..storage.documents import read_json, write_json
 
 PROOFS = "proofs.json"  # in the build's staging prefix
+STOP_FLAG = "stop"  # in the pool prover's temporary folder: its jobs stop when it appears
 
 
 def identity(stat: os.stat_result) -> list[int]:
@@ -83,6 +88,11 @@ class Prover:
         self._stop = threading.Event()
         self._until: Callable[[], bool] = lambda: False
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pool: Executor | None = None
+        self._flag_dir, self._started = "", 0.0
+        self._todo: Iterator[tuple[str, str, int]] = iter(())
+        self._in_flight: dict[Future[Any], tuple[str, str]] = {}
         if is_s3(cfg.dataset_uri) or not previous:  # an S3 base is hashed where it is downloaded, once
             return
         try:
@@ -94,12 +104,55 @@ class Prover:
             return
         self.version, self.shards = base.version, shards
 
-    def start(self) -> Prover:
-        """Start hashing (nothing to do for a build that uses no base shards)."""
-        if self.shards:
+    def start(self, pool: Executor | None = None, width: int = 1) -> Prover:
+        """Start hashing (nothing to do for a build that uses no base shards): on a thread of this process, or
+        with ``pool``, ``width`` shards at a time in its processes (``prove_file``), where no hashing waits for
+        this process's GIL. The pool's first task forks its workers: call this on the thread that imports (the
+        main one), never while another thread of this process may hold a lock."""
+        if not self.shards:
+            return self
+        self._started = time.perf_counter()
+        if pool is None:
             self._thread = threading.Thread(target=self.run, name="prove-base", daemon=True)
             self._thread.start()
+            return self
+        self._pool, self._flag_dir = pool, tempfile.mkdtemp(prefix="prove-")
+        self._todo = iter(self.shards)
+        for _ in range(max(1, width)):
+            self._submit_next()
         return self
+
+    def _submit_next(self) -> None:
+        """Hand the next shard to the pool (``start``, then each finished shard's callback)."""
+        with self._lock:
+            item = None if self._stop.is_set() else next(self._todo, None)
+            if item is None:
+                return
+            file, sha256, num_bytes = item
+            path = join(self.cfg.dataset_uri, self.version or "", file)
+            try:
+                job = self._pool.submit(prove_file, path, num_bytes, os.path.join(self._flag_dir, STOP_FLAG))
+            except Exception as exc:  # a pool shut down or broken: only a head start
+                self.failed = f"{type(exc).__name__}: {exc}"
+                return
+            self._in_flight[job] = (file, sha256)
+        job.add_done_callback(self._finished)  # (at once, on this thread, when it is done already)
+
+    def _finished(self, job: Future[tuple[str, list[int], int] | None]) -> None:
+        with self._lock:
+            file, sha256 = self._in_flight.pop(job)
+            try:
+                held = None if job.cancelled() else job.result()
+            except Exception as exc:  # a broken pool: only a head start
+                self.failed = self.failed or f"{type(exc).__name__}: {exc}"
+                held = None
+            if held is not None:
+                digest, ident, read = held
+                self.bytes_hashed += read
+                if digest == sha256:
+                    self.proofs[file] = {"sha256": sha256, "identity": ident}
+            self.seconds = time.perf_counter() - self._started
+        self._submit_next()
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Hash the base shards one after another until the last, ``stop``, or ``until()`` (asked between
@@ -164,7 +217,36 @@ class Prover:
 
     def cancel(self) -> None:
         """Stop hashing (after the chunk in hand) and stage nothing (the build ended early)."""
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            jobs = list(self._in_flight)
+            if self._flag_dir:
+                with contextlib.suppress(OSError):
+                    open(os.path.join(self._flag_dir, STOP_FLAG), "x").close()  # the pool's jobs stop at it
+        for job in jobs:
+            job.cancel()  # those not begun yet
+        if jobs:
+            wait(jobs, timeout=60)  # each stops after the chunk in hand; a stuck read is only waited for so long
+        if self._flag_dir:
+            shutil.rmtree(self._flag_dir, ignore_errors=True)
+            self._flag_dir = ""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def prove_file(path: str, num_bytes: int, stop_flag: str) -> tuple[str, list[int], int] | None:
+    """In a pool's process: the SHA-256 of the file at ``path``, its identity before it was read and the bytes
+    read; None when it is not ``num_bytes`` long, missing, unreadable, changed while read, or ``stop_flag``
+    exists (asked between chunks)."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            stat = os.fstat(file.fileno())
+            if stat.st_size != num_bytes or not num_bytes:
+                return None
+            digest, read = sha256_read(file, lambda: os.path.exists(stop_flag))
+            if read != num_bytes or identity(os.fstat(file.fileno())) != identity(stat):  # cut short, or changed
+                return None
+            return digest.hexdigest(), identity(stat), read
+    except (OSError, ValueError):
+        return None

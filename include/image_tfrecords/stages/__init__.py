@@ -30,6 +30,7 @@ from typing import Any
 
 from ..config import BuildConfig
 from ..errors import BuildError, GateTripped
+from ..parallel import preload
 from ..rules.publish_gate import TRIPPED
 from ..shards.checks import validate_shard
 from ..shards.proofs import Prover
@@ -53,7 +54,15 @@ from ..storage import Storage, is_s3
 from .card import card_facts, card_stage
 from .discover import discard_stage, discover_stage
 from .gate import approve_gate, gate_stage
-from .inspect import chunk_label, gather_inspection, inspect_chunk, inspect_chunks, inspect_stage, plan_inspection
+from .inspect import (
+    INSPECTION_MODULES,
+    chunk_label,
+    gather_inspection,
+    inspect_chunk,
+    inspect_chunks,
+    inspect_stage,
+    plan_inspection,
+)
 from .plan import all_shards, plan_stage, task_shards
 from .prove import prove_stage
 from .publish import publish_stage
@@ -207,7 +216,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 found = results["discover"]
                 prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
                 stack.callback(prover.cancel)
-                prover.start()
+                if prover.shards:  # its first task forks the pool: what inspection imports, imported before
+                    preload(*INSPECTION_MODULES)
+                prover.start(pool, max(1, workers - 1))  # a process left for inspection's files
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]

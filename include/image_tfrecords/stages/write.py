@@ -9,9 +9,8 @@ re-read from the store), so the reduce step that follows only adds up per-shard 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, as_completed
 from contextlib import ExitStack
 from typing import Any
 
@@ -65,44 +64,23 @@ def warm_up() -> None:
     parse_example(b"")
 
 
-class _Stopped(Exception):
-    """Another shard written beside this one failed, or the build was interrupted: this one stops too."""
-
-
 def write_few(cfg: BuildConfig, storage: Storage, shards: list[str], done: Progress, workers: int,
               processes: Executor, run: Callable[..., dict[str, Any]] = write_and_check) -> None:
-    """Write a few shards (fewer than twice the ``workers`` of the ``processes`` pool) in this process. The
-    spliced ones go side by side, a thread each: their work is copying and hashing in C (``os.copy_file_range``,
-    ``hashlib``), outside the GIL, so a many-core night is not left splicing one shard at a time on two threads;
-    their few new records are made by the pool. The others follow one at a time, each shard's records made by
-    the whole pool (side by side, their in-flight records would multiply). When one fails or the build is
-    interrupted (SIGTERM raises in this thread), the pool drops the records queued for them and each stops at its
-    next record (or after the kept runs it is copying): the build ends as it would anyway."""
+    """Write a few shards (fewer than twice the ``workers`` of the ``processes`` pool). The spliced ones go
+    side by side, a whole shard per pool process: their work is copying and hashing in C
+    (``os.copy_file_range``, ``hashlib``) plus their few new records, made in that process, so a many-core
+    night splices them all at once without the threads of one process taking turns at its lock. The others
+    follow one at a time from this process, each shard's records made by the whole pool (side by side, their
+    in-flight records would multiply). When one fails or the build is interrupted (SIGTERM raises in this
+    thread), the pool's processes are ended with the shards they were splicing (``parallel.process_pool``)."""
     plan = read_json(storage, staged(cfg, PLAN))
     spliced = [s for s in shards if (origin := plan["rewrite"].get(s)) is not None and can_splice(cfg, origin)]
-    if len(spliced) < 2:  # nothing to put side by side: on this thread, where a SIGTERM stops it at once
+    if len(spliced) < 2:  # nothing to put side by side: in this process, where a SIGTERM stops it at once
         spliced = []
-    stop, lock = threading.Event(), threading.Lock()
-
-    def counted(count: int = 1) -> None:
-        if stop.is_set():
-            raise _Stopped("stopped beside a shard that failed")
-        with lock:
-            done(count)
-
-    if spliced:
-        threads = ThreadPoolExecutor(len(spliced), thread_name_prefix="splice")
-        try:
-            jobs = [threads.submit(run, cfg, storage, shard, counted, read_workers=workers, processes=processes)
-                    for shard in spliced]
-            for job in jobs:
-                job.result()
-        except BaseException:
-            stop.set()  # each stops at its next record; the records queued for them are dropped with the pool
-            processes.shutdown(wait=False, cancel_futures=True)
-            raise
-        finally:
-            threads.shutdown(wait=True, cancel_futures=True)
+    if spliced:  # on an error or a signal, ``parallel.process_pool`` ends the pool's processes, and their shards
+        jobs = [processes.submit(run, cfg, storage, shard, read_workers=1) for shard in spliced]
+        for job in as_completed(jobs):
+            done(job.result()["num_records"])
     for shard in shards:
         if shard not in spliced:
             run(cfg, storage, shard, done, read_workers=workers, processes=processes)
