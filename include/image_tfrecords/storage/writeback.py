@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,26 @@ def _sync_file_range() -> Callable[..., Any] | None:
 
 def start_writeback(fd: int, offset: int = 0, count: int = 0) -> bool:
     """Ask for ``count`` bytes from ``offset`` of the open file ``fd`` (0: to its end) to be written out now;
-    False where that cannot be asked (not Linux, or the call failed). Never waits for the disk."""
+    False where that cannot be asked (not Linux, or the file cannot be duplicated). Never waits for the disk:
+    the kernel holds the call itself while the disk's queue is full (nine 93 MB shards spliced at once on a
+    16-core machine: 0.3-0.4 s each), so it is made on a thread of its own, on a duplicate of ``fd`` that
+    the thread closes. What it has not written when a durable write ends is the ``fsync``'s or ``syncfs``'s."""
     call = _sync_file_range()
-    return call is not None and call(fd, offset, count, SYNC_FILE_RANGE_WRITE) == 0
+    if call is None:
+        return False
+    try:
+        duplicate = os.dup(fd)
+    except OSError:
+        return False
+
+    def write_out() -> None:
+        try:
+            call(duplicate, offset, count, SYNC_FILE_RANGE_WRITE)
+        finally:
+            os.close(duplicate)
+
+    threading.Thread(target=write_out, name="writeback", daemon=True).start()
+    return True
 
 
 @functools.cache
