@@ -49,6 +49,12 @@ def preload(*modules: str) -> None:
         importlib.import_module(name)
 
 
+def forked(executor: Executor) -> bool:
+    """Whether ``executor`` is a process pool whose workers are started (a forked pool starts them all at its
+    first task): ``preload`` is too late then, and each worker imports what it needs itself."""
+    return bool(getattr(executor, "_processes", None))
+
+
 def _apply(fn: Callable[[T], R], batch: list[T]) -> list[R]:
     return [fn(item) for item in batch]
 

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, wait
+from functools import partial
 from typing import Any
 
 from ..config import BuildConfig
@@ -64,6 +65,19 @@ def host() -> str:
         return socket.gethostname()
 
 
+def prepared_entry(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> dict[str, Any] | None:
+    """This build's prepared copy of the kept bytes of the base shard ``origin`` (``shards.prepare``), as its
+    prover staged it; None when there is none."""
+    try:
+        proofs = read_json(storage, staged(cfg, PROOFS))
+        if (proofs.get("version"), proofs.get("host")) != (origin["version"], host()):
+            return None
+        entry = proofs.get("prepared", {}).get(origin["file"])
+        return entry if isinstance(entry, dict) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def proven(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> list[int] | None:
     """The identity of the base shard ``origin`` (a plan's ``{"version", "file", "sha256", ...}``) when this
     build's prover proved it; None when it did not (or none ran)."""
@@ -88,27 +102,35 @@ class Prover:
         self._stop = threading.Event()
         self._until: Callable[[], bool] = lambda: False
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a callback may run at once, on the thread that holds it
         self._pool: Executor | None = None
         self._flag_dir, self._started = "", 0.0
         self._todo: Iterator[tuple[str, str, int]] = iter(())
         self._in_flight: dict[Future[Any], tuple[str, str]] = {}
+        self.base_uri, self.records = "", {}
+        self.prepared: dict[str, dict[str, Any]] = {}  # base shard file -> its prepared copy (shards.prepare)
+        self._prepared_dir = ""
+        self._side: set[Future[Any]] = set()  # the prediction and the copies
         if is_s3(cfg.dataset_uri) or not previous:  # an S3 base is hashed where it is downloaded, once
             return
         try:
             base = base_of(cfg, storage, previous)
             if base is None or why_not_reuse_shards(cfg, base, schema_of(cfg, multi_label)):
                 return
-            shards = [(s.file, s.sha256, s.num_bytes) for split in base.manifest.splits.values() for s in split.shards]
+            entries = [s for split in base.manifest.splits.values() for s in split.shards]
         except Exception:  # a damaged base is the plan's to find and report
             return
-        self.version, self.shards = base.version, shards
+        self.version, self.base_uri = base.version, base.uri
+        self.shards = [(s.file, s.sha256, s.num_bytes) for s in entries]
+        self.records = {s.file: s.num_records for s in entries}
 
-    def start(self, pool: Executor | None = None, width: int = 1) -> Prover:
+    def start(self, pool: Executor | None = None, width: int = 1, prepare: bool = False) -> Prover:
         """Start hashing (nothing to do for a build that uses no base shards): on a thread of this process, or
         with ``pool``, ``width`` shards at a time in its processes (``prove_file``), where no hashing waits for
-        this process's GIL. The pool's first task forks its workers: call this on the thread that imports (the
-        main one), never while another thread of this process may hold a lock."""
+        this process's GIL; with ``prepare`` too, the kept bytes of the shards the night will most likely splice
+        are copied ahead in the pool (``shards.prepare``: for a machine with cores to spare). The pool's first
+        task forks its workers: call this on the thread that imports (the main one), never while another thread
+        of this process may hold a lock."""
         if not self.shards:
             return self
         self._started = time.perf_counter()
@@ -120,7 +142,63 @@ class Prover:
         self._todo = iter(self.shards)
         for _ in range(max(1, width)):
             self._submit_next()
+        if prepare:
+            self._predict()
         return self
+
+    def _predict(self) -> None:
+        """Hand the prediction of the kept runs to the pool; its callback hands on the copies."""
+        from .prepare import predicted_runs, prepared_dir
+
+        folder = prepared_dir(self.cfg, self.storage)
+        if folder is None or self._pool is None:
+            return
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self._prepared_dir = folder
+            job = self._pool.submit(predicted_runs, self.cfg, self.storage, self.base_uri)
+        except Exception:  # only a head start
+            return
+        with self._lock:
+            self._side.add(job)
+        job.add_done_callback(self._copy_predicted)
+
+    def _copy_predicted(self, job: Future[dict[str, list[list[int]]]]) -> None:
+        from .prepare import prepare_copy
+
+        with self._lock:
+            self._side.discard(job)
+            try:
+                runs = {} if job.cancelled() else job.result()
+            except Exception:  # only a head start
+                runs = {}
+            for file, kept in runs.items():
+                if self._stop.is_set() or file not in self.records or not kept:
+                    continue
+                path = join(self.cfg.dataset_uri, self.version or "", file)
+                try:
+                    copy = self._pool.submit(prepare_copy, path, self.records[file], kept,  # type: ignore[union-attr]
+                                             os.path.join(self._prepared_dir, file),
+                                             os.path.join(self._flag_dir, STOP_FLAG))
+                except Exception:  # a pool shut down or broken
+                    break
+                self._side.add(copy)
+                copy.add_done_callback(partial(self._copied, file))
+
+    def _copied(self, file: str, job: Future[dict[str, Any] | None]) -> None:
+        with self._lock:
+            self._side.discard(job)
+            try:
+                entry = None if job.cancelled() else job.result()
+            except Exception:  # only a head start
+                entry = None
+            if entry is not None:
+                self.prepared[file] = entry
+
+    def drop_prepared(self) -> None:
+        """Remove the prepared copies no splice took (after the write stage, or when the build ends)."""
+        if self._prepared_dir:
+            shutil.rmtree(self._prepared_dir, ignore_errors=True)
 
     def _submit_next(self) -> None:
         """Hand the next shard to the pool (``start``, then each finished shard's callback)."""
@@ -197,29 +275,32 @@ class Prover:
         return self._stop.is_set()
 
     def stop(self) -> dict[str, Any]:
-        """Stop hashing (after the chunk in hand), stage what was proved, and say so in the log. Returns
-        ``{"proven": N, "of": M}``."""
+        """Stop hashing and copying (after the chunk or run in hand), stage what was proved and copied, and say so
+        in the log. Returns ``{"proven": N, "of": M}``, and ``"copied"`` (base shards whose kept bytes were copied
+        ahead) when ``start`` was asked to copy."""
         self.cancel()
         if not self.shards:
             return {"proven": 0, "of": 0}
         try:
             write_json(self.storage, staged(self.cfg, PROOFS),
-                       {"version": self.version, "host": host(), "shards": self.proofs})
+                       {"version": self.version, "host": host(), "shards": self.proofs, "prepared": self.prepared})
         except OSError as exc:  # only a head start: never a reason for a build to fail
             log.warning("the proofs of the base shards could not be staged (%s): they are hashed where they are used",
                         exc)
             return {"proven": 0, "of": len(self.shards)}
         log.log(logging.WARNING if self.failed else logging.INFO,
                 "proved %d of %d base shards of version %s ahead (%.1f MB hashed in %.2f s, beside the metadata "
-                "stages)%s", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
+                "stages)%s%s", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
+                f"; kept bytes of {len(self.prepared)} copied ahead" if self._prepared_dir else "",
                 f"; stopped by {self.failed}: the rest are hashed where they are used" if self.failed else "")
-        return {"proven": len(self.proofs), "of": len(self.shards)}
+        done = {"proven": len(self.proofs), "of": len(self.shards)}
+        return {**done, "copied": len(self.prepared)} if self._prepared_dir else done
 
     def cancel(self) -> None:
         """Stop hashing (after the chunk in hand) and stage nothing (the build ended early)."""
         with self._lock:
             self._stop.set()
-            jobs = list(self._in_flight)
+            jobs = [*self._in_flight, *self._side]
             if self._flag_dir:
                 with contextlib.suppress(OSError):
                     open(os.path.join(self._flag_dir, STOP_FLAG), "x").close()  # the pool's jobs stop at it

@@ -57,7 +57,8 @@ from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
 from ..storage.writeback import start_writeback
 from .checks import match_member, member_names, member_rows, record_facts, set_digest
-from .proofs import identity, proven
+from .prepare import take_prepared
+from .proofs import identity, prepared_entry, proven
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
@@ -193,6 +194,12 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         view = memoryview(stack.enter_context(mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ))) \
             if size else memoryview(b"")
         stack.callback(view.release)
+        kept_total = sum(ends[stop - 1] - first_bytes[start] for start, stop in runs)
+        # The kept bytes copied ahead (shards.prepare), from this very base: the splice's own bytes, not copied again
+        prepared = take_prepared(prepared_entry(cfg, storage, origin), origin, proof, kept_total, path) \
+            if ahead else None
+        if prepared is not None:
+            stack.enter_context(prepared)
         # The base's digest on the other core. Up to the first record the night drops, the new shard's bytes are the
         # base's: that prefix is hashed once, and the new digest starts from a copy of its state. A base proven ahead
         # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them.
@@ -219,19 +226,19 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         try:
             _check_framing(view, starts, lengths, _framed(runs, bool(origin.get("index_sha256"))))
             offsets: list[tuple[int, int]] = []
-            out = stack.enter_context(open(path, "w+b"))
+            out = prepared if prepared is not None else stack.enter_context(open(path, "w+b"))
             written = 0
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
                 first, last = first_bytes[start], ends[stop - 1]
                 if remote:
                     segments.append(Segment(last - first, _reader(base.fileno(), first), old, first))
-                else:
+                elif prepared is None:
                     _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
                 offsets += zip((starts[start:stop] + (written - first)).tolist(), lengths[start:stop].tolist(),
                                strict=True)
                 written += last - first
-            if not remote:  # the disk writes the kept bytes while this process hashes
+            if not remote and prepared is None:  # the disk writes the kept bytes while this process hashes
                 start_writeback(out.fileno(), 0, written)
             if not ahead:
                 after_prefix.wait()
@@ -269,7 +276,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                               rewritten_from={"version": origin["version"], "file": origin["file"]}, spliced=True,
                               base_bytes_read=size, bytes_kept=kept_bytes, bytes_copied=copied,
                               bytes_written=written - copied, records_parsed=len(names) - kept)
-    return {**_checked(cfg, storage, shard, receipt, names, members_sha), "base_proven_ahead": ahead}
+    return {**_checked(cfg, storage, shard, receipt, names, members_sha), "base_proven_ahead": ahead,
+            "copied_ahead": prepared is not None}
 
 
 def _drop_cached(fd: int) -> None:

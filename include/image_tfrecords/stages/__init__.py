@@ -129,6 +129,8 @@ class Stage:
     per_image: bool = False
 
 
+PREPARE_WORKERS = 4  # from this many processes on, a night copies its kept bytes ahead (shards.prepare)
+
 PIPELINE: tuple[Stage, ...] = (
     Stage("discover", discover_stage),
     Stage("inspect", inspect_stage, per_image=True),
@@ -165,11 +167,14 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     made durable together, by the publish (``Storage.defer_sync``). When the publish
     gate trips (and ``cfg.accept_gate`` is off), raises ``GateTripped`` with its report: nothing is published,
     the staging is kept (a rerun of the version with ``accept_gate`` reuses its finished shards). The result
-    (publish's) also gives ``stage_seconds``, ``gate`` (the verdict) and ``proven_ahead`` (``{"proven", "of"}``).
+    (publish's) also gives ``stage_seconds``, ``gate`` (the verdict) and ``proven_ahead`` (``{"proven", "of"}``, and
+    ``"copied"`` where kept bytes were copied ahead).
 
-    With a pool, once discovery has found changes, a ``shards.proofs.Prover`` hashes the base version's shards on a
-    thread of this process while inspect's join, split and plan (Python over every row, on one core) leave the
-    other core idle; it is stopped before the reuse stage, and the shards it proved are not hashed again.
+    With a pool, once discovery has found changes, a ``shards.proofs.Prover`` hashes the base version's shards in the
+    pool's processes (all but one) while inspect's join, split and plan (Python over every row, on one core) leave
+    the other cores idle; from ``PREPARE_WORKERS`` processes on it also copies the kept bytes the night will most
+    likely splice (``shards.prepare``). It is stopped before the reuse stage; the shards it proved are not hashed
+    again, and a splice takes a copy only when it holds exactly the bytes it would copy.
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
@@ -203,6 +208,8 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             else:
                 results[stage.name] = stage.run(cfg, storage)
             seconds[stage.name] = round(time.perf_counter() - started, 3)
+            if stage.per_shard and prover is not None:  # the copies ahead no splice took
+                prover.drop_prepared()
             if stage.per_image and pool is not None:  # the pool idles through the metadata stages: a warm-up each
                 for _ in range(workers):
                     pool.submit(warm_up)
@@ -216,9 +223,12 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 found = results["discover"]
                 prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
                 stack.callback(prover.cancel)
-                if prover.shards:  # its first task forks the pool: what inspection imports, imported before
-                    preload(*INSPECTION_MODULES)
-                prover.start(pool, max(1, workers - 1))  # a process left for inspection's files
+                if prover.shards:  # its first task forks the pool: what inspection imports, imported before (with
+                    # cores to spare, only numpy, which this process needs too: each process imports Pillow itself)
+                    preload(*(INSPECTION_MODULES if workers < PREPARE_WORKERS else ("numpy",)))
+                # a process left for inspection's files; kept bytes copied ahead where cores are to spare
+                prover.start(pool, max(1, workers - 1), prepare=workers >= PREPARE_WORKERS)
+                stack.callback(prover.drop_prepared)
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]

@@ -33,7 +33,7 @@ from typing import Any
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.probe import MODERN_FORMATS, RejectedImage, inspect_image, sniff_format
-from ..parallel import batched_map, ordered_map, preload, task_pool, task_processes
+from ..parallel import batched_map, forked, ordered_map, preload, task_pool, task_processes
 from ..progress import ProgressLog, log, summarized
 from ..published import layout
 from ..records.schema import REJECTS_FIELDS
@@ -177,7 +177,7 @@ def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], wo
                         in_flight.append(row)
                         yield row
 
-        if processes is not None:
+        if processes is not None and not forked(processes):  # (too late once forked: they import them themselves)
             preload(*INSPECTION_MODULES)
         fresh = batched_map(inspect, rows(), processes, workers, total=sum(counts)) if processes else \
             ordered_map(inspect, rows(), workers)

@@ -1,0 +1,183 @@
+"""Kept bytes copied ahead (issue 22, ``shards.prepare``): on a machine with cores to spare, the kept runs the night
+will most likely splice are copied while the metadata stages run, and a splice takes such a copy only when it holds
+exactly the bytes it would copy itself.
+
+Real parts: a local folder, the pipeline's stages, a real process pool, TensorFlow reading what was published.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from image_tfrecords import stages
+from image_tfrecords.config import BuildConfig
+from image_tfrecords.parallel import process_pool
+from image_tfrecords.published import layout
+from image_tfrecords.shards.prepare import predicted_runs, prepare_copy, prepared_dir, take_prepared
+from image_tfrecords.shards.proofs import Prover
+from image_tfrecords.shards.writer import rewrite_shard
+from image_tfrecords.staging import PLAN, SHARDS, staged
+from image_tfrecords.storage import Storage, join
+from image_tfrecords.storage.documents import read_json
+from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read
+from tests.pipeline.test_splice import _splice_again, night
+
+
+def _prover(cfg: BuildConfig, storage: Storage) -> Prover:
+    found = read_json(storage, staged(cfg, "discover.json"))
+    return Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
+
+
+def _dropping(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The plan's rewrites whose base shard loses records, by base shard file."""
+    return {origin["file"]: origin for origin in plan["rewrite"].values() if origin["kept"] < origin["num_records"]}
+
+
+def _prepare_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, list[list[int]]]]:
+    """Prove every base shard and copy every predicted one ahead, here, to its end; the proofs staged."""
+    prover = _prover(cfg, storage)
+    prover.run()
+    runs = predicted_runs(cfg, storage, prover.base_uri)
+    folder = prepared_dir(cfg, storage)
+    assert folder is not None
+    os.makedirs(folder, exist_ok=True)
+    prover._prepared_dir = folder  # as ``Prover.start(prepare=True)`` leaves it, for ``drop_prepared``
+    for file, kept in runs.items():
+        entry = prepare_copy(join(prover.base_uri, file), prover.records[file], kept, os.path.join(folder, file),
+                             os.path.join(folder, "no-stop-flag"))
+        assert entry is not None, file
+        prover.prepared[file] = entry
+    assert prover.stop()["copied"] == len(runs)
+    return prover, runs
+
+
+def test_the_predicted_runs_are_the_plans(tmp_path: Path) -> None:
+    """Scattered deletions, a changed image and additions: the runs predicted from the listing alone are the ones the
+    plan keeps, for every base shard that loses records (and only those)."""
+    storage, _, cfg = night(tmp_path)
+    dropping = _dropping(read_json(storage, staged(cfg, PLAN)))
+    assert len(dropping) >= 2
+    runs = predicted_runs(cfg, storage, _prover(cfg, storage).base_uri)
+    assert runs == {file: origin["runs"] for file, origin in dropping.items()}
+
+
+def test_copies_ahead_splice_to_the_reference_and_are_taken(tmp_path: Path) -> None:
+    """Each splice takes its copy (not copying again) and its shard is byte for byte the record-by-record
+    reference, with its digest and index; the copy is the splice's own file from then on."""
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    prover, runs = _prepare_all(cfg, storage)
+    assert runs
+    for shard, origin in sorted(plan["rewrite"].items()):
+        shard_uri = staged(cfg, SHARDS, shard)
+        reference = rewrite_shard(cfg, storage, shard, origin, read_workers=1)
+        want = storage.read_bytes(shard_uri), storage.read_bytes(layout.index_file(shard_uri))
+        checked = _splice_again(storage, cfg, shard, origin)
+        assert (storage.read_bytes(shard_uri), storage.read_bytes(layout.index_file(shard_uri))) == want, shard
+        assert checked["sha256"] == reference["sha256"] and checked["index_sha256"] == reference["index_sha256"]
+        assert checked["copied_ahead"] is (origin["file"] in runs), shard
+        if origin["file"] in runs:
+            assert not os.path.exists(prover.prepared[origin["file"]]["path"])  # moved: the splice's now
+    prover.drop_prepared()
+
+
+@pytest.mark.parametrize("spoil", ["runs", "touched", "cut_short", "other_base", "other_index"])
+def test_a_copy_that_is_not_the_splices_own_bytes_is_not_taken(spoil: str, tmp_path: Path) -> None:
+    """Another plan's runs, a copy touched or cut short since it was made, a copy of another base file or made
+    through another index: the splice copies the kept bytes itself, and its shard is still the reference."""
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    prover, _ = _prepare_all(cfg, storage)
+    shard, origin = next((s, o) for s, o in sorted(plan["rewrite"].items()) if o["file"] in prover.prepared)
+    entry = dict(prover.prepared[origin["file"]])
+    path = Path(entry["path"])
+    if spoil == "runs":
+        entry["runs"] = [[start, stop - 1] for start, stop in entry["runs"]]
+    elif spoil == "touched":
+        time.sleep(0.01)
+        os.utime(path)  # same bytes, new times: nothing proves them any more
+    elif spoil == "cut_short":
+        os.truncate(path, path.stat().st_size - 1)
+    elif spoil == "other_base":
+        entry["base_identity"] = [*entry["base_identity"][:-1], entry["base_identity"][-1] + 1]
+    else:
+        entry["index_sha256"] = "0" * 64
+    prover.prepared[origin["file"]] = entry
+    prover.stop()
+    shard_uri = staged(cfg, SHARDS, shard)
+    reference = rewrite_shard(cfg, storage, shard, origin, read_workers=1)
+    want = storage.read_bytes(shard_uri)
+    checked = _splice_again(storage, cfg, shard, origin)
+    assert checked["copied_ahead"] is False and "fallback" not in checked
+    assert storage.read_bytes(shard_uri) == want and checked["sha256"] == reference["sha256"]
+    assert path.exists()  # left as it was, for the folder's removal
+    prover.drop_prepared()
+    assert not path.exists()
+
+
+def test_take_prepared_wants_a_base_index_digest(tmp_path: Path) -> None:
+    """A plan whose base predates index digests gives no index to hold a copy to: no copy is taken."""
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    prover, _ = _prepare_all(cfg, storage)
+    origin = next(o for o in plan["rewrite"].values() if o["file"] in prover.prepared)
+    entry = prover.prepared[origin["file"]]
+    old = {**origin, "index_sha256": None}
+    assert take_prepared(entry, old, entry["base_identity"], entry["bytes"], str(tmp_path / "x")) is None
+    assert take_prepared(None, origin, entry["base_identity"], entry["bytes"], str(tmp_path / "x")) is None
+    assert os.path.exists(entry["path"])
+    prover.drop_prepared()
+
+
+def test_a_copy_stops_at_the_flag_and_leaves_no_file(tmp_path: Path) -> None:
+    storage, _, cfg = night(tmp_path)
+    prover = _prover(cfg, storage)
+    runs = predicted_runs(cfg, storage, prover.base_uri)
+    file, kept = next(iter(runs.items()))
+    flag, out = tmp_path / "stop", tmp_path / "copy"
+    flag.touch()
+    assert prepare_copy(join(prover.base_uri, file), prover.records[file], kept, str(out), str(flag)) is None
+    assert not out.exists()
+    flag.unlink()
+    assert prepare_copy(join(prover.base_uri, file), prover.records[file] + 1, kept, str(out), str(flag)) is None
+    assert not out.exists()  # an index that does not list the records the manifest gives: nothing copied
+
+
+def test_a_night_on_four_processes_copies_ahead_and_equals_the_full_build(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``run_pipeline`` with a pool of four: the prover proves and copies ahead beside the metadata stages
+    (here let finish before it is stopped), splices take the copies, the copies not taken are removed with their
+    folder, and the version is the full build's, record for record."""
+    storage = Storage()
+    source = base_source(tmp_path, storage, None, per_class=12)
+    dest = str(tmp_path / "out")
+    build(storage, source.uri, dest, "d", "v1")
+    names = sorted(source.files())
+    for name in names[::6]:
+        source.delete(name)
+    add(source, Images(tmp_path / "new"), "triangles", "n", 3)
+    stop = Prover.stop
+    folders: list[str] = []
+
+    def finish_then_stop(self: Prover) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while (self._in_flight or self._side) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        folders.append(self._prepared_dir)
+        return stop(self)
+
+    monkeypatch.setattr(Prover, "stop", finish_then_stop)
+    cfg = config(source.uri, dest, "d", "v2")
+    with process_pool(4) as pool:
+        result = stages.run_pipeline(cfg, storage, pool=pool, workers=4)
+    v2 = read(storage, result["uri"])
+    check_version(storage, v2, source.files())
+    assert result["proven_ahead"]["copied"] > 0 and folders and folders[0]
+    assert not os.path.exists(folders[0])
+    full = read(storage, build(storage, source.uri, str(tmp_path / "full"), "d", "v2", full=True)["uri"])
+    assert v2.rows == full.rows  # filename, content hash, label, label id, split of every record, as TF reads them
