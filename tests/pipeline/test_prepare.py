@@ -46,7 +46,7 @@ def _prepare_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, 
     folder = prepared_dir(cfg, storage)
     assert folder is not None
     os.makedirs(folder, exist_ok=True)
-    prover._prepared_dir = folder  # as ``Prover.start(prepare=True)`` leaves it, for ``drop_prepared``
+    prover._prepared_dir = folder  # as ``Prover.copy_ahead`` leaves it, for ``drop_prepared``
     for file, kept in runs.items():
         entry = prepare_copy(join(prover.base_uri, file), prover.records[file], kept, os.path.join(folder, file),
                              os.path.join(folder, "no-stop-flag"))

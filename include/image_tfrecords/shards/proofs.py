@@ -124,13 +124,11 @@ class Prover:
         self.shards = [(s.file, s.sha256, s.num_bytes) for s in entries]
         self.records = {s.file: s.num_records for s in entries}
 
-    def start(self, pool: Executor | None = None, width: int = 1, prepare: bool = False) -> Prover:
+    def start(self, pool: Executor | None = None, width: int = 1) -> Prover:
         """Start hashing (nothing to do for a build that uses no base shards): on a thread of this process, or
         with ``pool``, ``width`` shards at a time in its processes (``prove_file``), where no hashing waits for
-        this process's GIL; with ``prepare`` too, the kept bytes of the shards the night will most likely splice
-        are copied ahead in the pool (``shards.prepare``: for a machine with cores to spare). The pool's first
-        task forks its workers: call this on the thread that imports (the main one), never while another thread
-        of this process may hold a lock."""
+        this process's GIL. The pool's first task forks its workers: call this on the thread that imports (the
+        main one), never while another thread of this process may hold a lock."""
         if not self.shards:
             return self
         self._started = time.perf_counter()
@@ -142,16 +140,16 @@ class Prover:
         self._todo = iter(self.shards)
         for _ in range(max(1, width)):
             self._submit_next()
-        if prepare:
-            self._predict()
         return self
 
-    def _predict(self) -> None:
-        """Hand the prediction of the kept runs to the pool; its callback hands on the copies."""
+    def copy_ahead(self) -> None:
+        """Copy the kept bytes of the shards the night will most likely splice ahead, in the pool ``start`` was
+        given (``shards.prepare``: for a machine with cores to spare; asked once inspection's pool work is done,
+        so that it never waits behind the copies): the prediction first, then a copy per base shard."""
         from .prepare import predicted_runs, prepared_dir
 
-        folder = prepared_dir(self.cfg, self.storage)
-        if folder is None or self._pool is None:
+        folder = prepared_dir(self.cfg, self.storage) if self.shards else None
+        if folder is None or self._pool is None or self._stop.is_set() or self._prepared_dir:
             return
         try:
             os.makedirs(folder, exist_ok=True)
