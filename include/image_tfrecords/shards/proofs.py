@@ -1,25 +1,26 @@
-"""Prove the base version's shards ahead, on the core the metadata stages leave idle.
+"""Prove the base version's shards ahead, on the cores the metadata stages leave idle.
 
 A night splices or reuses the shards of the version it builds on, and uses a base shard only once it is
 proven: its SHA-256 must be the one its version published. Hashing them is most of a large night's work
 (4.65 GB at 100,000 images, about 3 s of a core), and the stages before the write (inspect's join, split,
-plan: Python over every row) keep one core busy and leave the other idle. So ``run_pipeline`` starts a
-``Prover`` once discovery has found changes: it hashes the base shards on a thread of the build's process
-(``hashlib`` lets go of the GIL) while those stages run, and is stopped before the first stage that uses
-them, whatever it got through (the DAG runs ``stages.prove_stage`` as a task beside those stages instead,
-which stops once the attempt's plan is staged). It stages what it proved (``proofs.json``): for each shard
-that hashed to its published digest, the file's identity when it did (``identity``: device, inode, size,
-modification and change times), with this machine's boot id (``host``). A splice or a reuse on this machine
-that finds its base with that same identity takes the proof instead of hashing the base again (a splice
-checks the identity once more after its copy); any other (a shard not reached, a file replaced, touched or
-rewritten since, an S3 destination, a task on another machine) is hashed where it is used, as before. A
-shard that did not hash to its digest is only left unproven: the stage that uses it finds the damage
-itself and says so. Files are read into one buffer, not mapped: a bad sector, or a file cut short while it
-is read, is an error that leaves the shard unproven, never a SIGBUS.
+plan: Python over every row) keep one core busy and leave the others idle. So ``run_pipeline`` starts a
+``Prover`` once discovery has found changes: it hashes the base shards in the build's process pool
+(``prove_file``, up to ``--workers`` - 1 at a time; on a thread of this process without a pool) while those
+stages run, and is stopped before the first stage that uses them, whatever it got through (the DAG runs
+``stages.prove_stage`` as a task beside those stages instead, which stops once the attempt's plan is staged).
+It stages what it proved (``proofs.json``): for each shard that hashed to its published digest, the file's
+identity when it did (``identity``: device, inode, size, modification and change times), with this machine's
+boot id (``host``). A splice or a reuse on this machine that finds its base with that same identity takes the
+proof instead of hashing the base again (a splice checks the identity once more after its copy); any other (a
+shard not reached, a file replaced, touched or rewritten since, an S3 destination, a task on another machine)
+is hashed where it is used, as before. A shard that did not hash to its digest is only left unproven: the stage
+that uses it finds the damage itself and says so. Files are read into one buffer, not mapped: a bad sector, or
+a file cut short while it is read, is an error that leaves the shard unproven, never a SIGBUS. With cores to
+spare it also copies the kept bytes ahead (``copy_ahead``, ``shards.prepare``), and stages those copies too.
 
-The build's process pool may fork its workers while the prover runs (a forked pool starts them at its first
-task): a worker never touches the prover's file, buffer or digest, and the prover takes no lock a worker
-could inherit taken (it logs nothing; ``stop``, on the thread that stops it, tells what it did).
+The pool's first task forks its workers, so ``start`` is called on the main thread; the pool's jobs stop at a
+flag file (``STOP_FLAG``) between chunks, and the callbacks that hand out the next shard take only this
+object's lock.
 """
 
 from __future__ import annotations
@@ -148,9 +149,9 @@ class Prover:
         so that it never waits behind the copies): the prediction first, then a copy per base shard."""
         from .prepare import predicted_runs, prepared_dir
 
-        folder = prepared_dir(self.cfg, self.storage) if self.shards else None
+        folder = prepared_dir(self.cfg, self.storage) if self.shards and self.cfg.compression == "none" else None
         if folder is None or self._pool is None or self._stop.is_set() or self._prepared_dir:
-            return
+            return  # (gzip shards are rewritten record by record: no byte range of theirs is kept)
         try:
             os.makedirs(folder, exist_ok=True)
             self._prepared_dir = folder
