@@ -18,6 +18,7 @@ from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.parallel import process_pool
 from image_tfrecords.published import layout
+from image_tfrecords.shards import splice
 from image_tfrecords.shards.prepare import predicted_runs, prepare_copy, prepared_dir, take_prepared
 from image_tfrecords.shards.proofs import Prover
 from image_tfrecords.shards.writer import rewrite_shard
@@ -172,12 +173,24 @@ def test_a_night_on_four_processes_copies_ahead_and_equals_the_full_build(tmp_pa
         return stop(self)
 
     monkeypatch.setattr(Prover, "stop", finish_then_stop)
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    take = splice.take_prepared
+
+    def take_and_tell(entry: Any, origin: dict[str, Any], *args: Any) -> Any:  # in the pool's processes (forked)
+        copy = take(entry, origin, *args)
+        if copy is not None:
+            (taken / origin["file"]).touch()
+        return copy
+
+    monkeypatch.setattr(splice, "take_prepared", take_and_tell)
     cfg = config(source.uri, dest, "d", "v2")
     with process_pool(4) as pool:
         result = stages.run_pipeline(cfg, storage, pool=pool, workers=4)
     v2 = read(storage, result["uri"])
     check_version(storage, v2, source.files())
     assert result["proven_ahead"]["copied"] > 0 and folders and folders[0]
+    assert len(os.listdir(taken)) == result["proven_ahead"]["copied"]  # every copy made was taken by its splice
     assert not os.path.exists(folders[0])
     full = read(storage, build(storage, source.uri, str(tmp_path / "full"), "d", "v2", full=True)["uri"])
     assert v2.rows == full.rows  # filename, content hash, label, label id, split of every record, as TF reads them

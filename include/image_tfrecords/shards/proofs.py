@@ -137,8 +137,11 @@ class Prover:
             self._thread = threading.Thread(target=self.run, name="prove-base", daemon=True)
             self._thread.start()
             return self
-        self._pool, self._flag_dir = pool, tempfile.mkdtemp(prefix="prove-")
-        self._todo = iter(self.shards)
+        try:
+            self._flag_dir = tempfile.mkdtemp(prefix="prove-")
+        except OSError:  # no temporary folder: only a head start, so none
+            return self
+        self._pool, self._todo = pool, iter(self.shards)
         for _ in range(max(1, width)):
             self._submit_next()
         return self
