@@ -25,7 +25,8 @@ from image_tfrecords.shards.writer import rewrite_shard
 from image_tfrecords.staging import PLAN, SHARDS, staged
 from image_tfrecords.storage import Storage, join
 from image_tfrecords.storage.documents import read_json
-from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read
+from tests.pipeline.test_incremental import build, check_version, config, read
+from tests.pipeline.test_proofs import let_provers_finish, pool_night
 from tests.pipeline.test_splice import _splice_again, night
 
 
@@ -154,25 +155,8 @@ def test_a_night_on_four_processes_copies_ahead_and_equals_the_full_build(tmp_pa
     """Through ``run_pipeline`` with a pool of four: the prover proves and copies ahead beside the metadata stages
     (here let finish before it is stopped), splices take the copies, the copies not taken are removed with their
     folder, and the version is the full build's, record for record."""
-    storage = Storage()
-    source = base_source(tmp_path, storage, None, per_class=12)
-    dest = str(tmp_path / "out")
-    build(storage, source.uri, dest, "d", "v1")
-    names = sorted(source.files())
-    for name in names[::6]:
-        source.delete(name)
-    add(source, Images(tmp_path / "new"), "triangles", "n", 3)
-    stop = Prover.stop
-    folders: list[str] = []
-
-    def finish_then_stop(self: Prover) -> dict[str, Any]:
-        deadline = time.monotonic() + 60
-        while (self._in_flight or self._side) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        folders.append(self._prepared_dir)
-        return stop(self)
-
-    monkeypatch.setattr(Prover, "stop", finish_then_stop)
+    storage, source, dest = pool_night(tmp_path)
+    stopped = let_provers_finish(monkeypatch)
     taken = tmp_path / "taken"
     taken.mkdir()
     take = splice.take_prepared
@@ -189,8 +173,8 @@ def test_a_night_on_four_processes_copies_ahead_and_equals_the_full_build(tmp_pa
         result = stages.run_pipeline(cfg, storage, pool=pool, workers=4)
     v2 = read(storage, result["uri"])
     check_version(storage, v2, source.files())
-    assert result["proven_ahead"]["copied"] > 0 and folders and folders[0]
+    assert result["proven_ahead"]["copied"] > 0 and len(stopped) == 1 and stopped[0]._prepared_dir
     assert len(os.listdir(taken)) == result["proven_ahead"]["copied"]  # every copy made was taken by its splice
-    assert not os.path.exists(folders[0])
+    assert not os.path.exists(stopped[0]._prepared_dir)
     full = read(storage, build(storage, source.uri, str(tmp_path / "full"), "d", "v2", full=True)["uri"])
     assert v2.rows == full.rows  # filename, content hash, label, label id, split of every record, as TF reads them

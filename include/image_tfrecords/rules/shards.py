@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..published.layout import shard_file
 from .splits import unit_hash, unit_hasher
@@ -65,6 +65,20 @@ def deal(keys: Sequence[float], num_shards: int) -> tuple[np.ndarray, np.ndarray
     ranks = np.empty(len(order), dtype=np.int64)
     ranks[order] = np.arange(len(order), dtype=np.int64)
     return ranks, ranks % max(1, num_shards)
+
+
+def runs_of(positions: Any) -> list[list[int]]:
+    """Sorted places ``positions`` (a sequence or numpy array of ints) as ``[start, stop)`` runs of consecutive
+    places: the kept records of a base shard, as a plan's rewrite (and a copy made ahead of it) gives them."""
+    import numpy as np
+
+    positions = np.asarray(positions, dtype=np.int64)
+    if not len(positions):
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(positions)]))
+    return [[int(positions[a]), int(positions[b - 1]) + 1] for a, b in zip(starts, stops, strict=True)]
 
 
 def group_tasks(shard_files: list[str], max_tasks: int) -> list[list[str]]:

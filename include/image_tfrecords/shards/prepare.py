@@ -13,7 +13,8 @@ A prepared copy is only a head start. The splice takes it (``take_prepared``) on
 its base is the file this build's prover proved and the copy was made from (same identity before and after),
 the base index it used is the one the plan's origin gives, and the copy is still the file, and the size, it
 was left as: then the copy is the splice's own bytes, byte for byte. Any other copy is left, and removed with
-the folder after the write stage. What a splice takes is told by its receipt, never by the version's bytes.
+the folder after the write stage. Whether a splice took one is in its result (``copied_ahead``), never in the
+version's bytes or manifest.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from ..config import BuildConfig
 from ..published import layout
+from ..rules.shards import runs_of
 from ..staging import DISCOVERED, SHARDS, TMP_PREFIX, staged
 from ..storage import Storage, join
 from ..storage.documents import list_rows
@@ -69,17 +71,7 @@ def predicted_runs(cfg: BuildConfig, storage: Storage, base_uri: str) -> dict[st
                 places[values[shard]].append(int(values[place]))
             else:
                 dropped.add(values[shard])
-    return {file: _runs(sorted(places[file])) for file in sorted(dropped)}
-
-
-def _runs(places: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for at in places:
-        if runs and runs[-1][1] == at:
-            runs[-1][1] = at + 1
-        else:
-            runs.append([at, at + 1])
-    return runs
+    return {file: runs_of(sorted(places[file])) for file in sorted(dropped)}
 
 
 def prepare_copy(base_path: str, num_records: int, runs: list[list[int]], out_path: str,

@@ -219,7 +219,7 @@ class Prover:
         job.add_done_callback(self._finished)  # (at once, on this thread, when it is done already)
 
     def _finished(self, job: Future[tuple[str, list[int], int] | None]) -> None:
-        with self._lock:
+        with self._lock:  # the next shard is handed out before the lock is let go: no one sees none in flight between
             file, sha256 = self._in_flight.pop(job)
             try:
                 held = None if job.cancelled() else job.result()
@@ -232,7 +232,7 @@ class Prover:
                 if digest == sha256:
                     self.proofs[file] = {"sha256": sha256, "identity": ident}
             self.seconds = time.perf_counter() - self._started
-        self._submit_next()
+            self._submit_next()
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Hash the base shards one after another until the last, ``stop``, or ``until()`` (asked between

@@ -152,18 +152,6 @@ def _empty_layout(count: int) -> Layout:
                   base_position=np.full(count, -1, dtype=np.int64))
 
 
-def _runs(positions: Any) -> list[list[int]]:
-    """Sorted places ``positions`` as ``[start, stop)`` runs of consecutive places."""
-    import numpy as np
-
-    if not len(positions):
-        return []
-    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    stops = np.concatenate((breaks, [len(positions)]))
-    return [[int(positions[a]), int(positions[b - 1]) + 1] for a, b in zip(starts, stops, strict=True)]
-
-
 def _add_fresh(cfg: BuildConfig, layout: Layout, split: str, rows: Any, keys: Any, count: int, first: int,
                total: int) -> None:
     """Deal ``rows`` (record row numbers of ``split``) to ``count`` new shards, numbered from ``first`` of ``total``."""
@@ -216,7 +204,8 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
                 layout.reuse[names[j]] = source
             else:
                 places = np.sort(layout.base_position[rows[origin[rows] == b]])
-                runs = _runs(places) if len(places) and places[0] >= 0 else None  # None: no places, no splice
+                # None: no places, no splice
+                runs = planning.runs_of(places) if len(places) and places[0] >= 0 else None
                 layout.rewrite[names[j]] = {**source, "appended": len(appended) if b == tail else 0, "runs": runs}
             layout.shard_of[rows[origin[rows] == b]] = len(layout.all_files) + j
             if b == tail:
