@@ -245,31 +245,19 @@ class Prover:
                     break
                 if (held := self._prove(join(self.cfg.dataset_uri, self.version or "", file), num_bytes)) is None:
                     continue
-                digest, stat = held
+                digest, ident = held
                 if digest == sha256:
-                    self.proofs[file] = {"sha256": sha256, "identity": identity(stat)}
+                    self.proofs[file] = {"sha256": sha256, "identity": ident}
         except Exception as exc:  # only a head start: the shards are hashed where they are used
             self.failed = f"{type(exc).__name__}: {exc}"  # told by ``stop``: this thread logs nothing (see above)
         finally:
             self.seconds = time.perf_counter() - started
 
-    def _prove(self, path: str, num_bytes: int) -> tuple[str, os.stat_result] | None:
-        """The SHA-256 of the file at ``path`` and its stat before it was read; None when it is not the
-        size its version published, is missing or unreadable, changed while it was read, or the prover was
-        stopped before its end. Read into one buffer, not mapped: a bad sector or a file cut short while it is
-        read is an error here, not a SIGBUS."""
-        try:
-            with open(path, "rb", buffering=0) as file:
-                stat = os.fstat(file.fileno())
-                if stat.st_size != num_bytes or not num_bytes:
-                    return None
-                digest, read = sha256_read(file, self._stopped)
-                self.bytes_hashed += read
-                if read != num_bytes or identity(os.fstat(file.fileno())) != identity(stat):  # cut short, or changed
-                    return None
-                return digest.hexdigest(), stat
-        except (OSError, ValueError):
-            return None
+    def _prove(self, path: str, num_bytes: int) -> tuple[str, list[int]] | None:
+        """``_hash_shard`` of the file at ``path``, stopping when this prover is stopped; counts the bytes read."""
+        held, read = _hash_shard(path, num_bytes, self._stopped)
+        self.bytes_hashed += read
+        return held
 
     def _stopped(self) -> bool:
         if not self._stop.is_set() and self._until():
@@ -319,17 +307,25 @@ class Prover:
 
 
 def prove_file(path: str, num_bytes: int, stop_flag: str) -> tuple[str, list[int], int] | None:
-    """In a pool's process: the SHA-256 of the file at ``path``, its identity before it was read and the bytes
-    read; None when it is not ``num_bytes`` long, missing, unreadable, changed while read, or ``stop_flag``
-    exists (asked between chunks)."""
+    """In a pool's process: ``_hash_shard`` of the file at ``path`` and the bytes read, or None; stops when
+    ``stop_flag`` exists (asked between chunks)."""
+    held, read = _hash_shard(path, num_bytes, lambda: os.path.exists(stop_flag))
+    return None if held is None else (*held, read)
+
+
+def _hash_shard(path: str, num_bytes: int, stopped: Callable[[], bool]) -> tuple[tuple[str, list[int]] | None, int]:
+    """The SHA-256 of the file at ``path`` and its identity before it was read (None when it is not ``num_bytes``
+    long, is missing or unreadable, changed while it was read, or ``stopped()`` became true before its end), and
+    the bytes read. Read into one buffer, not mapped: a bad sector or a file cut short while it is read is an
+    error here, not a SIGBUS."""
     try:
         with open(path, "rb", buffering=0) as file:
             stat = os.fstat(file.fileno())
             if stat.st_size != num_bytes or not num_bytes:
-                return None
-            digest, read = sha256_read(file, lambda: os.path.exists(stop_flag))
+                return None, 0
+            digest, read = sha256_read(file, stopped)
             if read != num_bytes or identity(os.fstat(file.fileno())) != identity(stat):  # cut short, or changed
-                return None
-            return digest.hexdigest(), identity(stat), read
+                return None, read
+            return (digest.hexdigest(), identity(stat)), read
     except (OSError, ValueError):
-        return None
+        return None, 0

@@ -225,12 +225,12 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             if stage.run is discover_stage and pool is not None:  # base shards hashed on the core left idle
                 found = results["discover"]
                 prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
+                stack.callback(prover.drop_prepared)  # (last: after ``cancel`` has waited for the copies in hand)
                 stack.callback(prover.cancel)
                 if prover.shards:  # its first task forks the pool: what inspection imports, imported before (a
                     # pool that imports Pillow itself holds inspection up: measured, 0.25 s on 16 cores)
                     preload(*INSPECTION_MODULES)
                 prover.start(pool, max(1, workers - 1))  # a process left for inspection's files
-                stack.callback(prover.drop_prepared)
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]
