@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from image_tfrecords.rules.base_version import record_digest, row_digests
 from image_tfrecords.storage import Storage
-from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column, list_rows
+from image_tfrecords.storage.csv_blocks import Block, Quoted, blocks
+from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column, list_rows, row_texts
 
 ODD_ROWS: list[list[Any]] = [
     ["plain", "row", "3"],
@@ -86,3 +90,77 @@ def test_first_column_and_rows_from_a_start_read_what_csv_reads(tmp_path: Path) 
         assert dict_rows(data, "t.csv", start) == expected[start:]
     with pytest.raises(ValueError, match="expected 'name' first"):
         first_column(data, "t.csv", "name")
+
+
+# -- csv_blocks: tables read as columns --------------------------------------------------------------------
+PLAIN_ROWS = [[f"cls{i % 3}/img {i:05d}.jpg", f"cls{i % 3}", str(i * 7919 % 100003),
+               hashlib.sha256(b"%d" % i).hexdigest(), "" if i % 5 else "x"] for i in range(500)]
+
+
+def _table(tmp_path: Path, rows: list[list[str]], name: str = "t.csv") -> str:
+    uri = str(tmp_path / name)
+    with RowWriter(Storage(), uri, ["filename", "label", "size", "sha256", "note"]) as writer:
+        for values in rows:
+            writer.write_values(values)
+    return uri
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1000, 8 << 20])
+def test_blocks_give_the_columns_csv_reads(tmp_path: Path, block_bytes: int) -> None:
+    """Every column of every block, and the integer column, as ``csv`` reads them; rows cut across reads stay whole."""
+    uri = _table(tmp_path, PLAIN_ROWS)
+    columns: list[list[str]] = [[] for _ in range(5)]
+    sizes: list[int] = []
+    keys: list[bytes] = []
+    with blocks(Storage(), uri, "filename,label,size,sha256,note", block_bytes) as parts:
+        for part in parts:
+            for j in range(5):
+                columns[j] += [value.decode() for value in part.column(j).tolist()]
+            sizes += part.integers(2).tolist()
+            starts, stops = part.row_slices(0, 3)
+            keys += [part.data[a:b] for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+    with open(uri, newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    assert [list(row) for row in zip(*columns, strict=True)] == rows
+    assert sizes == [int(row[2]) for row in rows]
+    assert keys == [",".join(row[:4]).encode() for row in rows]
+
+
+def test_a_table_that_needs_quotes_or_other_columns_is_read_row_by_row(tmp_path: Path) -> None:
+    """A quoted field, a carriage return or a NUL anywhere, or another header: ``Quoted`` before any block."""
+    header = "filename,label,size,sha256,note"
+    for k, odd in enumerate(["a,comma", 'a "quote"', "cr\ronly", "nul\x00"]):
+        uri = _table(tmp_path, [*PLAIN_ROWS[:50], [odd, "b", "1", "f" * 64, ""]], f"odd{k}.csv")
+        with pytest.raises(Quoted), blocks(Storage(), uri, header):
+            pass
+    with pytest.raises(Quoted), blocks(Storage(), _table(tmp_path, PLAIN_ROWS), "filename,label,size,sha256"):
+        pass
+
+
+def test_rows_with_another_count_of_fields_and_bad_integers_are_refused() -> None:
+    with pytest.raises(Quoted):
+        Block(b"a,b,c\nd,e\n", 3)
+    with pytest.raises(Quoted):
+        Block(b"a,b,c,d\ne,f\n", 3)  # as many commas in all as two rows of three fields: still refused
+    for data in (b"x,\n", b"x,12a\n", b"x,-3\n", b"x,1234567890123456789\n"):
+        with pytest.raises(ValueError):
+            Block(data, 2).integers(1)
+    assert Block(b"x,007\ny,0\n", 2).integers(1).tolist() == [7, 0]
+
+
+def test_a_row_digest_is_the_record_digest_of_its_fields(tmp_path: Path) -> None:
+    """The join digest taken from a row's bytes (``row_digests``, the column path) is the one taken from its parsed
+    fields (``record_digest``, the row path): for plain rows and for rows this package writes with quotes."""
+    odd = [[str(v) for v in row] for row in ODD_ROWS if None not in row]
+    uri = str(tmp_path / "odd.csv")
+    with RowWriter(Storage(), uri, ["x", "y", "z"]) as writer:
+        for values in [*odd, ["a", "b", "c"]]:
+            writer.write_values(values)
+    with list_rows(Storage(), uri) as rows:
+        parsed = list(rows.reader)
+    with open(uri, newline="", encoding="utf-8") as f:
+        f.readline()
+        texts = [text.encode() for text in row_texts(f, uri)]
+    for values, text in zip(parsed, texts, strict=True):
+        assert record_digest(values, 3) == row_digests(text, np.array([0]), np.array([len(text)]))[0]
+    assert record_digest(["a", "b,c"], 2) != record_digest(["a,b", "c"], 2)

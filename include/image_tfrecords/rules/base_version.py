@@ -33,7 +33,8 @@ from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
 from ..storage import Storage, join
-from ..storage.documents import list_rows, raw_rows
+from ..storage.csv_blocks import Quoted, blocks
+from ..storage.documents import csv_field, list_rows, raw_rows
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
 INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",
@@ -265,9 +266,10 @@ def inspections(storage: Storage, base: Base | None, discovered: str, folder: st
 
 
 def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[str]]]:
-    """``(filename, key, values)`` of each row of a DictReader, read as plain lists (the hot path of a join
-    over every record). The key is every field that decides a record's bytes (``fields``: the build's
-    record fields): equal keys mean byte-identical records (under the same image options)."""
+    """``(filename, key, values)`` of each row of a ``ListRows``, read as plain lists (the join's path for a table
+    with quoted fields, or from a release with other columns). The key is every field that decides a record's
+    bytes (``fields``: the build's record fields): equal keys mean byte-identical records (under the same image
+    options)."""
     names = rows.fieldnames or []
     columns = [names.index(name) if name in names else None for name in fields]
     if columns == list(range(len(fields))):  # labels.csv and records.csv: the record's fields first
@@ -281,8 +283,12 @@ def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[s
 
 
 def _join_key(fields: list[str]) -> str:
-    """A record's join key: its record fields, in the build's order."""
-    return "\x1f".join(fields)
+    """A record's join key: its record fields, in the build's order, as this package's CSV rows give them (so
+    the text of a row's first fields is its key: ``row_digest``). Two keys are equal only for equal fields."""
+    line = ",".join(fields)
+    if '"' in line or "\n" in line or "\r" in line or line.count(",") != len(fields) - 1:
+        return ",".join(csv_field(value) if value else "" for value in fields)
+    return line
 
 
 def record_digest(values: list[str], width: int) -> bytes:
@@ -291,18 +297,42 @@ def record_digest(values: list[str], width: int) -> bytes:
     return _digest(_join_key(values[:width]))
 
 
-def survivors(storage: Storage, base: Base, digests: bytes, fields: tuple[str, ...]) -> Iterator[tuple[int, str, int]]:
-    """``(row number, base shard file, place in it)`` of every record the base holds byte for byte (the place is
-    -1 when the base's labels.csv does not give it), in row order. ``digests``: the ``record_digest`` of each of
-    this build's records, 16 bytes each, taken by the pass that reads them anyway.
+def row_digests(data: bytes, starts: Any, stops: Any) -> list[bytes]:
+    """The join digests of the rows of ``data`` whose record fields are ``data[start:stop]``: ``record_digest``
+    of each, taken from the bytes as they are."""
+    blake = hashlib.blake2b
+    return [blake(data[a:b], digest_size=16).digest() for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
 
-    Joins this build's records with the base's labels.csv on the record key (file name and every field
-    that decides the record's bytes): a hash join on 128-bit digests of the keys, with the base's shard
-    and place packed in one int, so memory holds about 100 bytes per base record.
-    """
+
+def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple[dict[bytes, int], list[str]]:
+    """The records the base holds: the join digest of each (``record_digest``) -> its shard (a number into the
+    list returned with it) and place in it, packed in one int (``shard << 32 | place + 1``; place 0: the base's
+    labels.csv does not give it).
+
+    A hash join on 128-bit digests of the keys (the record's file name and every field that decides its bytes),
+    so memory holds about 100 bytes per base record. A labels.csv of this build's columns without a quoted field
+    is read as columns (``csv_blocks``), any other row by row."""
+    import numpy as np
+
+    uri = join(base.uri, layout.LABELS)
+    width = len(fields)
+    try:
+        with blocks(storage, uri, ",".join((*fields, "shard", "shard_position"))) as parts:
+            known: dict[bytes, int] = {}
+            numbered: dict[bytes, int] = {}  # shard file -> its number
+            for part in parts:
+                names, shard_of = np.unique(part.column(width), return_inverse=True)
+                numbers = np.array([numbered.setdefault(name, len(numbered)) for name in names.tolist()],
+                                   dtype=np.int64)
+                packed = numbers[shard_of.ravel()] << 32 | (part.integers(width + 1) + 1)
+                known.update(zip(row_digests(part.data, *part.row_slices(0, width - 1)), packed.tolist(),
+                                 strict=True))
+            return known, [name.decode("utf-8", "surrogateescape") for name in numbered]
+    except (Quoted, ValueError):
+        pass
     shards: dict[str, int] = {}
-    known: dict[bytes, int] = {}
-    with list_rows(storage, join(base.uri, layout.LABELS)) as rows:
+    known = {}
+    with list_rows(storage, uri) as rows:
         names = rows.fieldnames or []
         shard = names.index("shard") if "shard" in names else None
         place = names.index("shard_position") if "shard_position" in names else None
@@ -311,8 +341,4 @@ def survivors(storage: Storage, base: Base, digests: bytes, fields: tuple[str, .
             number = shards.setdefault(name, len(shards))
             at = values[place] if place is not None and place < len(values) else ""
             known[_digest(key)] = number << 32 | (int(at) + 1 if at else 0)
-    files = list(shards)
-    each = (digests[at:at + 16] for at in range(0, len(digests) - len(digests) % 16, 16))
-    for number, found in enumerate(map(known.get, each)):
-        if found is not None:
-            yield number, files[found >> 32], (found & 0xFFFFFFFF) - 1
+    return known, list(shards)

@@ -21,6 +21,7 @@ import hashlib
 import itertools
 from array import array
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 
 def unit_hash(*parts: str) -> float:
@@ -54,6 +55,17 @@ def unit_hasher(*parts: str) -> Callable[[str], float]:
         return from_bytes(sha256(prefix + last.encode()).digest()[:8], "big") / 2**64
 
     return point
+
+
+def unit_points(parts: tuple[str, ...], values: list[bytes]) -> Any:
+    """``unit_hash(*parts, value)`` of each of ``values`` (UTF-8 bytes), as a numpy float64 array: for passes over
+    every image that read columns."""
+    import numpy as np
+
+    prefix = "\0".join((*parts, "")).encode()
+    sha256 = hashlib.sha256
+    first = b"".join([sha256(prefix + value).digest()[:8] for value in values])
+    return np.frombuffer(first, dtype=">u8").astype(np.float64) / 2**64
 
 
 def split_assigner(salt: str, splits: Mapping[str, float]) -> Callable[[str], str]:

@@ -22,11 +22,11 @@ full build (after many deletions), it compacts: it is planned as a full build.
 from __future__ import annotations
 
 import io
+import itertools
 import mmap
 import os
 import tempfile
 from array import array
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,13 +40,16 @@ from ..rules.base_version import (
     COMPACTION_FACTOR,
     Base,
     base_of,
+    base_records,
     missing_base_files,
     record_digest,
-    survivors,
+    row_digests,
     why_not_reuse_shards,
 )
+from ..rules.splits import unit_points
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
+from ..storage.csv_blocks import Block, Quoted, blocks
 from ..storage.documents import csv_field, csv_writer, list_rows, raw_rows, read_json, write_json
 
 
@@ -81,33 +84,15 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     if base is not None and not why_full and (why_full := missing_base_files(storage, base)):
         log.warning("%s: this version is built in full instead of on it", why_full)
     splits = list(summary["splits"])
-    keys, sizes, split_of = array("d"), array("q"), array("b")
-    split_number = {name: i for i, name in enumerate(splits)}
-    order_key = planning.order_keys(cfg.salt)
-    with list_rows(storage, staged(cfg, RECORDS)) as rows:
-        column = {name: i for i, name in enumerate(rows.fieldnames or ())}
-        sha, size, split = column["sha256"], column["encoded_bytes"], column["split"]
-        shape = [column[name] for name in ("format", "width", "height", "channels")]
-        quality = cfg.jpeg_quality
-        fields = record_fields(cfg)
-        if list(column)[:len(fields)] != list(fields):
-            raise BuildError(f"{staged(cfg, RECORDS)} has columns {list(column)}, expected {fields} first")
-        joined = bytearray() if base is not None and not why_full else None  # the join's digest of each record
-        for values in rows.reader:  # plain lists: this pass runs over every record
-            keys.append(order_key(values[sha]))
-            sizes.append(int(values[size]) if values[size] else
-                         planned_bytes("", *(values[i] for i in shape), quality))  # made by the writer
-            split_of.append(split_number[values[split]])
-            if joined is not None:
-                joined += record_digest(values, len(fields))
-    records = (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
-               np.frombuffer(split_of, dtype=np.int8))
+    fields = record_fields(cfg)
+    known = base_records(storage, base, fields) if base is not None and not why_full else None
+    records, found = _records(cfg, storage, splits, fields, known[0] if known else None)
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
                      for sizes_of in (records[1][records[2] == i] for i in range(len(splits))))
     layout = None
     with tempfile.TemporaryDirectory() as tmp:
         if base is not None and not why_full:
-            layout = _incremental(cfg, storage, base, splits, records, bytes(joined or b""))
+            layout = _incremental(cfg, base, splits, records, found, known[1] if known else [])
             if len(layout.all_files) > COMPACTION_FACTOR * full_count:
                 why_full = (f"compaction: an incremental build would make {len(layout.all_files)} shards, more than "
                             f"{COMPACTION_FACTOR:g}x the {full_count} of a full build")
@@ -130,6 +115,81 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
             "reused": len(layout.reuse), "rewritten": len(layout.rewrite),
             "written": len(to_write) - len(layout.rewrite),
             "records_to_write": int(sum(counts[i] for i, f in enumerate(files) if f not in layout.reuse))}
+
+
+def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
+             known: dict[bytes, int] | None) -> tuple[tuple[Any, Any, Any], Any]:
+    """Each record's order key, size and split number (numpy arrays), and where the base holds it unchanged
+    (``known``: ``base_records``' join; -1 for none, and everywhere without a base). Read as columns
+    (``csv_blocks``); a records.csv holding a quoted field, row by row."""
+    import numpy as np
+
+    uri = staged(cfg, RECORDS)
+    parts: list[tuple[Any, ...]] = []
+    try:
+        with blocks(storage, uri, ",".join(fields)) as table:
+            for part in table:
+                parts.append(_block_records(cfg, part, splits, fields, known))
+    except Quoted:
+        return _rows_records(cfg, storage, splits, fields, known)
+    if not parts:
+        return (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)), np.zeros(0, dtype=np.int64)
+    keys, sizes, split_of, found = (np.concatenate(column) for column in zip(*parts, strict=True))
+    return (keys, sizes, split_of), found
+
+
+def _block_records(cfg: BuildConfig, part: Block, splits: list[str], fields: tuple[str, ...],
+                   known: dict[bytes, int] | None) -> tuple[Any, ...]:
+    """``_records``' columns of one block of records.csv."""
+    import numpy as np
+
+    keys = unit_points(("order", cfg.salt), part.column(fields.index("sha256")).tolist())
+    size = fields.index("encoded_bytes")
+    try:
+        sizes = part.integers(size)
+    except ValueError:  # made by the writer (image options): the size planned from the image's facts
+        shape = [part.column(fields.index(name)).tolist() for name in ("format", "width", "height", "channels")]
+        sizes = np.array([int(value) if value else planned_bytes("", *(c[i].decode() for c in shape), cfg.jpeg_quality)
+                          for i, value in enumerate(part.column(size).tolist())], dtype=np.int64)
+    named = part.column(fields.index("split"))
+    split_of = np.full(len(part), -1, dtype=np.int8)
+    for number, name in enumerate(splits):
+        split_of[named == name.encode()] = number
+    if (split_of < 0).any():
+        raise BuildError(f"{staged(cfg, RECORDS)} names a split that is not one of {splits}: "
+                         f"{named[split_of < 0][0].decode(errors='replace')!r}")
+    found = np.full(len(part), -1, dtype=np.int64)
+    if known:
+        digests = row_digests(part.data, *part.row_slices(0, len(fields) - 1))
+        found = np.fromiter(map(known.get, digests, itertools.repeat(-1)), dtype=np.int64, count=len(part))
+    return keys, sizes, split_of, found
+
+
+def _rows_records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
+                  known: dict[bytes, int] | None) -> tuple[tuple[Any, Any, Any], Any]:
+    """``_records`` row by row (a records.csv with a quoted field)."""
+    import numpy as np
+
+    keys, sizes, split_of, found = array("d"), array("q"), array("b"), array("q")
+    split_number = {name: i for i, name in enumerate(splits)}
+    order_key = planning.order_keys(cfg.salt)
+    with list_rows(storage, staged(cfg, RECORDS)) as rows:
+        column = {name: i for i, name in enumerate(rows.fieldnames or ())}
+        if list(column)[:len(fields)] != list(fields):
+            raise BuildError(f"{staged(cfg, RECORDS)} has columns {list(column)}, expected {fields} first")
+        sha, size, split = column["sha256"], column["encoded_bytes"], column["split"]
+        shape = [column[name] for name in ("format", "width", "height", "channels")]
+        for values in rows.reader:
+            keys.append(order_key(values[sha]))
+            sizes.append(int(values[size]) if values[size] else
+                         planned_bytes("", *(values[i] for i in shape), cfg.jpeg_quality))  # made by the writer
+            if values[split] not in split_number:
+                raise BuildError(f"{staged(cfg, RECORDS)} names a split that is not one of {splits}: "
+                                 f"{values[split]!r}")
+            split_of.append(split_number[values[split]])
+            found.append(known.get(record_digest(values, len(fields)), -1) if known else -1)
+    return (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
+            np.frombuffer(split_of, dtype=np.int8)), np.frombuffer(found, dtype=np.int64)
 
 
 def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) -> Layout:
@@ -163,23 +223,21 @@ def _add_fresh(cfg: BuildConfig, layout: Layout, split: str, rows: Any, keys: An
         layout.shard_of[rows] = offset + shards
 
 
-def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[str], records: tuple[Any, Any, Any],
-                 digests: bytes) -> Layout:
-    """Reused and rewritten shards of ``base``, then new shards for the records it does not hold (``digests``:
-    each record's join digest, ``record_digest``, taken in plan's pass over records.csv)."""
+def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple[Any, Any, Any], found: Any,
+                 files: list[str]) -> Layout:
+    """Reused and rewritten shards of ``base``, then new shards for the records it does not hold (``found``: where
+    the base holds each record, ``base_records``' packed shard number into ``files`` and place, or -1)."""
     import numpy as np
 
     keys, sizes, split_of = records
-    origin = np.full(len(keys), -1, dtype=np.int64)  # row -> index of the base shard holding it unchanged
     base_shards = [(split, s) for split, info in base.manifest.splits.items() for s in info.shards]
     index_of = {s.file: i for i, (_, s) in enumerate(base_shards)}
-    kept: Counter[int] = Counter()
     layout = _empty_layout(len(keys))
-    for number, shard, position in survivors(storage, base, digests, record_fields(cfg)):
-        if shard in index_of:
-            origin[number] = index_of[shard]
-            layout.base_position[number] = position
-            kept[index_of[shard]] += 1
+    shard_index = np.array([index_of.get(name, -1) for name in files] + [-1], dtype=np.int64)
+    origin = np.where(found >= 0, shard_index[np.where(found >= 0, found >> 32, -1)], -1)  # the base shard, or -1
+    in_base = origin >= 0
+    layout.base_position[in_base] = (found[in_base] & 0xFFFFFFFF) - 1
+    kept = np.bincount(origin[in_base], minlength=len(base_shards))
     target = cfg.shard_size_mb * planning.MB
     for i, split in enumerate(splits):
         rows = np.flatnonzero(split_of == i)
@@ -199,7 +257,7 @@ def _incremental(cfg: BuildConfig, storage: Storage, base: Base, splits: list[st
         for j, (b, shard) in enumerate(mine):
             source = {"version": base.version, "file": shard.file, "sha256": shard.sha256,
                       "num_records": shard.num_records, "num_bytes": shard.num_bytes,
-                      "index_sha256": shard.index_sha256, "kept": kept[b]}
+                      "index_sha256": shard.index_sha256, "kept": int(kept[b])}
             if kept[b] == shard.num_records and not (b == tail and len(appended)):
                 layout.reuse[names[j]] = source
             else:
@@ -239,11 +297,62 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
     suffixes = [csv_field(name) for name in files]
     offsets = np.zeros(count + 1, dtype=np.int64)  # row number -> where its line starts in labels.csv
     labels_path = os.path.join(tmp, "labels.csv")
-    with raw_rows(storage, staged(cfg, RECORDS)) as (columns, texts), open(labels_path, "wb") as out:
+    with open(labels_path, "wb") as out:
+        out.write(header.encode())
+        offsets[0] = len(header.encode())
+        try:
+            seen = _labels_from_blocks(cfg, storage, layout, position, suffixes, offsets, out)
+        except Quoted:  # a quoted field: row by row
+            out.seek(offsets[0])
+            out.truncate()
+            seen = _labels_from_rows(cfg, storage, layout, position, suffixes, offsets, out, header)
+        if seen != count:
+            raise BuildError(f"{staged(cfg, RECORDS)} holds {seen} rows, {count} were planned")
+    storage.upload(labels_path, staged(cfg, LABELS))
+    head = header.encode()
+    line_starts = offsets.tolist()  # (plain ints: a slice per record below)
+    with open(labels_path, "rb") as f, (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) as lines:
+        for shard, name in enumerate(files):
+            rows = order[starts[shard]:starts[shard + 1]]
+            if not len(rows):
+                continue  # an empty split has no shards; a planned shard always has members
+            storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
+                                head + b"".join([lines[line_starts[r]:line_starts[r + 1]] for r in rows.tolist()]))
+
+
+def _labels_from_blocks(cfg: BuildConfig, storage: Storage, layout: Layout, position: Any, suffixes: list[str],
+                        offsets: Any, out: Any) -> int:
+    """Write labels.csv's rows to ``out``: each records.csv row as it is, then its shard and place, read as blocks
+    (``csv_blocks``); set ``offsets`` (where each row's line starts; the header's length at 0). Returns the rows."""
+    import numpy as np
+
+    count = len(position)
+    names = [suffix.encode() for suffix in suffixes]
+    number = 0
+    with blocks(storage, staged(cfg, RECORDS), ",".join(record_fields(cfg))) as table:
+        for part in table:
+            rows = part.data.split(b"\n")[:-1]
+            if number + len(rows) > count:
+                raise BuildError(f"{staged(cfg, RECORDS)} holds more rows than were planned")
+            ends = [b",%s,%d\n" % (names[shard], place) for shard, place in
+                    zip(layout.shard_of[number:number + len(rows)].tolist(),
+                        position[number:number + len(rows)].tolist(), strict=True)]
+            lines = list(map(bytes.__add__, rows, ends))
+            offsets[number + 1:number + len(rows) + 1] = offsets[number] + np.cumsum(
+                np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
+            out.writelines(lines)
+            number += len(rows)
+    return number
+
+
+def _labels_from_rows(cfg: BuildConfig, storage: Storage, layout: Layout, position: Any, suffixes: list[str],
+                      offsets: Any, out: Any, header: str) -> int:
+    """``_labels_from_blocks`` row by row (a records.csv with a quoted field)."""
+    count = len(position)
+    at = int(offsets[0])
+    with raw_rows(storage, staged(cfg, RECORDS)) as (columns, texts):
         if columns + ",shard,shard_position\n" != header:
             raise BuildError(f"{staged(cfg, RECORDS)} has columns {columns!r}, expected {record_fields(cfg)}")
-        out.write(header.encode())
-        at = len(header.encode())
         batch: list[bytes] = []
         seen = 0
         for number, text in enumerate(texts):
@@ -259,17 +368,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
                 batch.clear()
         out.writelines(batch)
         offsets[count] = at
-        if seen != count:
-            raise BuildError(f"{staged(cfg, RECORDS)} holds {seen} rows, {count} were planned")
-    storage.upload(labels_path, staged(cfg, LABELS))
-    head = header.encode()
-    with open(labels_path, "rb") as f, (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) as lines:
-        for shard, name in enumerate(files):
-            rows = order[starts[shard]:starts[shard + 1]]
-            if not len(rows):
-                continue  # an empty split has no shards; a planned shard always has members
-            storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
-                                head + b"".join(lines[offsets[r]:offsets[r + 1]] for r in rows.tolist()))
+    return seen
 
 
 def labels_header(cfg: BuildConfig) -> str:
