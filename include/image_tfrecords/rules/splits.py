@@ -23,6 +23,11 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..storage import Storage
+from ..storage.csv_blocks import Quoted, blocks
+
+_HEX = list(b"0123456789abcdef")  # the digits of a hexdigest, as bytes
+
 
 def unit_hash(*parts: str) -> float:
     """A uniform number in [0, 1) from the SHA-256 of the parts (NUL-separated)."""
@@ -93,22 +98,27 @@ class DuplicateResolver:
     pass over ``rows()`` reads those (whose 64-bit prefix is not unique) and compares full hashes.
     """
 
-    def __init__(self, rows: Callable[[], Iterable[tuple[str, str, str]]] | Iterable[tuple[str, str, str]]) -> None:
+    def __init__(self, rows: Callable[[], Iterable[tuple[str, str, str]]] | Iterable[tuple[str, str, str]],
+                 columns: tuple[Any, Any, dict[str, int]] | None = None) -> None:
         """``rows``: (filename, label, sha256) for every inspected image: a callable giving them afresh each
-        call (read twice: the streaming way), or an iterable (held in memory)."""
+        call (read twice: the streaming way), or an iterable (held in memory). ``columns``: the first pass's
+        answer, when it was read as columns (``content_columns``)."""
         import numpy as np
 
         if not callable(rows):
             held = list(rows)
             rows = lambda: held  # noqa: E731
 
-        label_number: dict[str, int] = {}
-        prefixes, labels = array("Q"), array("q")
-        for _, label, sha in rows():
-            prefixes.append(int(sha[:16], 16))
-            labels.append(label_number.setdefault(label, len(label_number)))
-        content = np.frombuffer(prefixes, dtype=np.uint64) if prefixes else np.zeros(0, dtype=np.uint64)
-        numbers = np.frombuffer(labels, dtype=np.int64) if labels else np.zeros(0, dtype=np.int64)
+        if columns is not None:
+            content, numbers, label_number = columns
+        else:
+            label_number = {}
+            prefixes, labels = array("Q"), array("q")
+            for _, label, sha in rows():
+                prefixes.append(int(sha[:16], 16))
+                labels.append(label_number.setdefault(label, len(label_number)))
+            content = np.frombuffer(prefixes, dtype=np.uint64) if prefixes else np.zeros(0, dtype=np.uint64)
+            numbers = np.frombuffer(labels, dtype=np.int64) if labels else np.zeros(0, dtype=np.int64)
         ordered = np.sort(content)
         shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # prefixes two rows or more hold
         candidate = np.isin(content, shared) if len(shared) else np.zeros(len(content), dtype=bool)
@@ -137,6 +147,11 @@ class DuplicateResolver:
                     verdicts[(filename, sha)] = ("duplicate", f"same content as {keeper}")
         return verdicts
 
+    @property
+    def verdicts(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(filename, sha256) -> (reason, detail) of every file not kept."""
+        return self._verdicts
+
     def kept_labels(self) -> set[str]:
         """The labels of all content that will be kept."""
         return set(self._labels)
@@ -144,3 +159,30 @@ class DuplicateResolver:
     def verdict(self, filename: str, sha256: str) -> tuple[str, str] | None:
         """None to keep the file, else (reason, detail)."""
         return self._verdicts.get((filename, sha256))
+
+
+def content_columns(storage: Storage, uri: str, header: str,
+                    col: dict[str, int]) -> tuple[Any, Any, dict[str, int]] | None:
+    """``DuplicateResolver``'s first pass over images.csv (``uri``, columns ``col``) read as columns: each row's
+    first 64 bits of SHA-256 and its label's number, and the numbers; None for a table to read row by row."""
+    import numpy as np
+
+    prefixes, numbers, label_number = [], [], {}
+    try:
+        with blocks(storage, uri, header) as parts:
+            for part in parts:
+                digits = part.column(col["sha256"]).view(np.uint8).reshape(len(part), -1)[:, :16].astype(np.uint64)
+                if len(part) and (digits.shape[1] < 16 or not np.isin(digits, _HEX).all()):
+                    return None
+                values = np.where(digits >= 97, digits - 87, digits - 48)  # 0-9a-f: 0 to 15
+                prefixes.append((values << (np.uint64(4) * np.arange(15, -1, -1, dtype=np.uint64))).sum(
+                    axis=1, dtype=np.uint64))
+                names, label_of = np.unique(part.column(col["label"]), return_inverse=True)
+                ids = np.array([label_number.setdefault(n.decode("utf-8", "surrogateescape"), len(label_number))
+                                for n in names.tolist()], dtype=np.int64)
+                numbers.append(ids[label_of.ravel()] if len(part) else np.zeros(0, dtype=np.int64))
+    except Quoted:
+        return None
+    if not prefixes:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64), label_number
+    return np.concatenate(prefixes), np.concatenate(numbers), label_number

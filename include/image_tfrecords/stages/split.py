@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import BuildConfig
@@ -19,7 +21,7 @@ from ..published.layout import NEAR_DUPLICATES_FIELDS
 from ..published.manifest import Manifest
 from ..records.schema import REJECTS_FIELDS, record_fields
 from ..rules.near_duplicates import Placement, hash_array, place
-from ..rules.splits import DuplicateResolver, assign_split, split_assigner
+from ..rules.splits import DuplicateResolver, assign_split, content_columns, split_assigner, unit_points
 from ..staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
@@ -34,6 +36,7 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
+from ..storage.csv_blocks import Block, Quoted, blocks
 from ..storage.documents import RowWriter, list_rows, read_json, read_rows, write_json
 
 
@@ -59,7 +62,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         with list_rows(storage, inspected) as rows:
             yield from ((v[name], v[label], v[sha]) for v in rows.reader)
 
-    resolver = DuplicateResolver(images)
+    header = ",".join(col)
+    resolver = DuplicateResolver(images, content_columns(storage, inspected, header, col))
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
     multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
@@ -90,59 +94,20 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 for row in rows:
                     rejects.write(row)
                     reasons[row["reason"]] += 1
-        with list_rows(storage, inspected) as rows:
-            if {name: i for i, name in enumerate(rows.fieldnames or ())} != col:  # (reads the header)
-                raise BuildError(f"{inspected} changed while it was read")
-            # label_id, split and the columns are set below: ``take`` gives them the "" appended to each row
-            take = operator.itemgetter(*(col.get(field, len(col)) for field in fields))
-            split_of, as_inspected = split_assigner(cfg.salt, cfg.splits), opts.is_default
-            label_id, split_at = fields.index("label_id"), fields.index("split")
-            facts = [fields.index(f) for f in ("width", "height", "channels", "format", "transform",
-                                                "encoded_sha256", "encoded_bytes")]
-            width, height, channels, fmt, _, _, size = facts
-            quality = col["quality"]
-            meta = iter(metadata.reader)
-            for number, values in enumerate(rows.reader):
-                verdict = resolver.verdict(values[name], values[sha]) or placement.rejected.get(number)
-                if verdict:
-                    rejects.write({"filename": values[name], "reason": verdict[0], "detail": verdict[1]})
-                    reasons[verdict[0]] += 1
-                    continue
-                if reject_flags and values[quality] and (hit := [f for f in parse_flags(values[quality])
-                                                                 if f in reject_flags]):
-                    rejects.write({"filename": values[name], "reason": "low_quality", "detail": ", ".join(hit)})
-                    reasons["low_quality"] += 1
-                    continue
-                before = published.get(values[sha])
-                split = placement.split.get(number) or (before[0] if before else "")
-                if not split:
-                    group = group_of(values[name])
-                    split = assign_split(values[sha], cfg.salt, cfg.splits, group) if group else split_of(values[sha])
-                values.append("")  # what ``take`` gives the fields set below
-                record = list(take(values))
-                record[split_at] = split
-                if multi:
-                    record[label_id] = sep.join(str(class_ids[n]) for n in values[label].split(sep))
-                else:
-                    record[label_id] = class_ids[values[label]]
-                if not as_inspected:
-                    planned = planned_facts(opts, record[fmt], *(record[i] for i in facts if i != fmt))
-                    if detail := too_big(planned, cfg.max_pixels):  # upscale: shortest:N of a long strip
-                        rejects.write({"filename": values[name], "reason": "too_many_pixels", "detail": detail})
-                        reasons["too_many_pixels"] += 1
-                        continue
-                    for i, value in zip(facts, planned, strict=True):
-                        record[i] = value
-                if cfg.columns:
-                    record[len(fields) - len(cfg.columns):] = _metadata_of(values[name], meta)
-                labels.write_values(record)
-                if values[quality]:
-                    flagged.update(values[quality].split("|"))
-                if group := placement.group.get(number) or (before[1] if before else ""):
-                    near.write_values([values[name], values[label], split, group, values[sha]])
-                per_split[split]["records"] += 1
-                per_split[split]["bytes"] += planned_bytes(record[size], record[fmt], record[width], record[height],
-                                                           record[channels], cfg.jpeg_quality)
+        run = _Run(cfg, col, fields, resolver, published, placement, class_ids, labels, rejects, near, reasons,
+                   per_split, flagged)
+        try:
+            if multi or cfg.columns or cfg.group_column or reject_flags or placement.split or placement.group or \
+                    placement.rejected or not opts.is_default or not set(fields) <= {*col, "label_id", "split"}:
+                raise Quoted("records that are not their images' rows reordered: row by row")
+            with blocks(storage, inspected, header) as table:
+                for part in table:
+                    _block_records(run, part)
+        except Quoted:
+            with list_rows(storage, inspected) as rows:
+                if {name: i for i, name in enumerate(rows.fieldnames or ())} != col:  # (reads the header)
+                    raise BuildError(f"{inspected} changed while it was read") from None
+                _rows_records(run, rows, metadata, group_of, multi, sep, reject_flags)
     summary = {"classes": classes, "multi_label": multi, "previous_version": previous,
                "source_fingerprint": found["fingerprint"],
                "num_records": labels.count, "num_rejected": rejects.count, "num_skipped": found["skipped"],
@@ -163,6 +128,164 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                          f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {staged(cfg, REJECTS)}")
     return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
         "num_classes": len(classes)}
+
+
+@dataclass
+class _Run:
+    """What a pass over images.csv reads (the build's rules) and adds to (the staged tables and the tallies)."""
+
+    cfg: BuildConfig
+    col: dict[str, int]  # images.csv column -> its index
+    fields: tuple[str, ...]  # records.csv's columns
+    resolver: DuplicateResolver
+    published: dict[str, tuple[str, str]]
+    placement: Placement
+    class_ids: dict[str, int]
+    labels: RowWriter
+    rejects: RowWriter
+    near: RowWriter
+    reasons: Counter[str]
+    per_split: dict[str, Counter[str]]
+    flagged: Counter[str]
+
+
+def _rows_records(run: _Run, rows: Any, metadata: Any, group_of: Callable[[str], str], multi: bool, sep: str,
+                  reject_flags: set[str]) -> None:
+    """Stage each image's record (or reject) row by row: any build, any table."""
+    cfg, col, fields, resolver, published, placement = run.cfg, run.col, run.fields, run.resolver, run.published, \
+        run.placement
+    class_ids, labels, rejects, near, reasons, per_split = run.class_ids, run.labels, run.rejects, run.near, \
+        run.reasons, run.per_split
+    opts = cfg.image_options
+    name, label, sha = col["filename"], col["label"], col["sha256"]
+    # label_id, split and the columns are set below: ``take`` gives them the "" appended to each row
+    take = operator.itemgetter(*(col.get(field, len(col)) for field in fields))
+    split_of, as_inspected = split_assigner(cfg.salt, cfg.splits), opts.is_default
+    label_id, split_at = fields.index("label_id"), fields.index("split")
+    facts = [fields.index(f) for f in ("width", "height", "channels", "format", "transform",
+                                        "encoded_sha256", "encoded_bytes")]
+    width, height, channels, fmt, _, _, size = facts
+    quality = col["quality"]
+    meta = iter(metadata.reader)
+    for number, values in enumerate(rows.reader):
+        verdict = resolver.verdict(values[name], values[sha]) or placement.rejected.get(number)
+        if verdict:
+            rejects.write({"filename": values[name], "reason": verdict[0], "detail": verdict[1]})
+            reasons[verdict[0]] += 1
+            continue
+        if reject_flags and values[quality] and (hit := [f for f in parse_flags(values[quality])
+                                                         if f in reject_flags]):
+            rejects.write({"filename": values[name], "reason": "low_quality", "detail": ", ".join(hit)})
+            reasons["low_quality"] += 1
+            continue
+        before = published.get(values[sha])
+        split = placement.split.get(number) or (before[0] if before else "")
+        if not split:
+            group = group_of(values[name])
+            split = assign_split(values[sha], cfg.salt, cfg.splits, group) if group else split_of(values[sha])
+        values.append("")  # what ``take`` gives the fields set below
+        record = list(take(values))
+        record[split_at] = split
+        if multi:
+            record[label_id] = sep.join(str(class_ids[n]) for n in values[label].split(sep))
+        else:
+            record[label_id] = class_ids[values[label]]
+        if not as_inspected:
+            planned = planned_facts(opts, record[fmt], *(record[i] for i in facts if i != fmt))
+            if detail := too_big(planned, cfg.max_pixels):  # upscale: shortest:N of a long strip
+                rejects.write({"filename": values[name], "reason": "too_many_pixels", "detail": detail})
+                reasons["too_many_pixels"] += 1
+                continue
+            for i, value in zip(facts, planned, strict=True):
+                record[i] = value
+        if cfg.columns:
+            record[len(fields) - len(cfg.columns):] = _metadata_of(values[name], meta)
+        labels.write_values(record)
+        if values[quality]:
+            run.flagged.update(values[quality].split("|"))
+        if group := placement.group.get(number) or (before[1] if before else ""):
+            near.write_values([values[name], values[label], split, group, values[sha]])
+        per_split[split]["records"] += 1
+        per_split[split]["bytes"] += planned_bytes(record[size], record[fmt], record[width], record[height],
+                                                   record[channels], cfg.jpeg_quality)
+
+
+def _block_records(run: _Run, part: Block) -> None:
+    """``_rows_records`` for one block of images.csv, as columns: a single-label build with the default image
+    options and no declared columns, group column, quality rejects or near-duplicate search, whose records are
+    its images' rows with their fields reordered, the label's id and the split set."""
+    import numpy as np
+
+    cfg, col, fields = run.cfg, run.col, run.fields
+    names, shas = part.column(col["filename"]), part.column(col["sha256"])
+    kept = np.ones(len(part), dtype=bool)
+    if verdicts := run.resolver.verdicts:  # the few files that share content with another
+        suspects = np.flatnonzero(np.isin(names, np.array([n.encode("utf-8", "surrogateescape")
+                                                           for n, _ in verdicts], dtype=bytes)))
+        for i in suspects.tolist():
+            key = (names[i].decode("utf-8", "surrogateescape"), shas[i].decode())
+            if verdict := verdicts.get(key):
+                run.rejects.write({"filename": key[0], "reason": verdict[0], "detail": verdict[1]})
+                run.reasons[verdict[0]] += 1
+                kept[i] = False
+    rows = np.flatnonzero(kept)
+    splits = list(cfg.splits)
+    bounds = np.array(list(itertools.accumulate(cfg.splits.values())))
+    number = np.minimum(np.searchsorted(bounds, unit_points(("split", cfg.salt), shas[rows].tolist()), side="right"),
+                        len(splits) - 1)  # the first split whose bound is above the point (``split_assigner``)
+    groups: dict[int, str] = {}
+    if run.published:  # images the previous version grouped keep its split and group
+        for k, i in enumerate(rows.tolist()):
+            if before := run.published.get(shas[i].decode()):
+                number[k] = splits.index(before[0])
+                groups[k] = before[1]
+    label_names, label_of = np.unique(part.column(col["label"])[rows], return_inverse=True)
+    ids = [b"%d" % run.class_ids[n.decode("utf-8", "surrogateescape")] for n in label_names.tolist()]
+    split_names = [n.encode() for n in splits]
+    generated = {"label_id": [ids[k] for k in label_of.ravel().tolist()],
+                 "split": [split_names[k] for k in number.tolist()]}
+    pieces = [generated[run_of[0]] if run_of[0] in generated else _field_spans(part, [col[f] for f in run_of], rows)
+              for run_of in _runs(col, fields)]
+    run.labels.write_bytes_lines([b",".join(values) + b"\n" for values in zip(*pieces, strict=True)])
+    for split, records in zip(splits, np.bincount(number, minlength=len(splits)).tolist(), strict=True):
+        run.per_split[split]["records"] += records
+    try:
+        sizes = part.integers(col["encoded_bytes"])[rows]
+    except ValueError:  # a size left to plan: the row path's rule
+        sizes = np.array([planned_bytes(*(part.column(col[f])[i].decode() for f in
+                                          ("encoded_bytes", "format", "width", "height", "channels")),
+                                        cfg.jpeg_quality) for i in rows.tolist()], dtype=np.int64)
+    for split, total in zip(splits, np.bincount(number, weights=sizes, minlength=len(splits)).tolist(), strict=True):
+        run.per_split[split]["bytes"] += int(total)
+    quality = part.column(col["quality"])[rows]
+    for flags in quality[quality != b""].tolist():
+        run.flagged.update(flags.decode().split("|"))
+    for k, group in groups.items():
+        if group:
+            i = int(rows[k])
+            run.near.write_values([names[i].decode("utf-8", "surrogateescape"),
+                                   part.column(col["label"])[i].decode("utf-8", "surrogateescape"),
+                                   splits[int(number[k])], group, shas[i].decode()])
+
+
+def _runs(col: dict[str, int], fields: tuple[str, ...]) -> list[list[str]]:
+    """``fields`` cut into runs that are consecutive columns of images.csv (``col``), so that each run is one
+    slice of a row; a field images.csv lacks is a run of its own."""
+    runs: list[list[str]] = []
+    for field in fields:
+        if runs and field in col and runs[-1][-1] in col and col[runs[-1][-1]] + 1 == col[field]:
+            runs[-1].append(field)
+        else:
+            runs.append([field])
+    return runs
+
+
+def _field_spans(part: Block, columns: list[int], rows: Any) -> list[bytes]:
+    """The bytes of consecutive images.csv ``columns`` (with the commas between them) in each of ``rows`` of
+    ``part``."""
+    data = part.data
+    return [data[a:b] for a, b in zip(part.starts[rows, columns[0]].tolist(), part.stops[rows, columns[-1]].tolist(),
+                                      strict=True)]
 
 
 def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> dict[str, tuple[str, str]]:

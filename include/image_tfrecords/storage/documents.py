@@ -181,6 +181,12 @@ class RowWriter:
         self._file.write(line)
         self.count += 1
 
+    def write_bytes_lines(self, lines: list[bytes]) -> None:
+        """Write rows already formatted as CSV, as UTF-8 bytes (each ending in a newline): a block of a long table."""
+        self._file.flush()
+        self._file.buffer.writelines(lines)
+        self.count += len(lines)
+
     def close(self) -> None:
         self._file.close()
         try:
