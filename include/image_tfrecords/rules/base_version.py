@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import mmap
 import os
 from array import array
@@ -32,7 +33,7 @@ from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
-from ..storage import Storage, join
+from ..storage import Storage, is_s3, join
 from ..storage.csv_blocks import Quoted, blocks
 from ..storage.documents import csv_field, list_rows, raw_rows
 
@@ -263,6 +264,52 @@ def inspections(storage: Storage, base: Base | None, discovered: str, folder: st
         yield Inspections(storage, discovered, known, spill)
     finally:
         spill.close()
+
+
+def carried_inspections(storage: Storage, base: Base | None, discovered: str, folder: str) -> tuple[Any, str] | None:
+    """``inspections`` read as columns (``csv_blocks``): for each row of ``discovered``, where the base's
+    inspection of it is in the base's inspected.csv (``offset << 32 | length`` of its row, -1 for none), and the
+    path of that file (local: a copy in ``folder`` from S3); None when either table is to be read row by row."""
+    import numpy as np
+
+    uri = join(base.uri, layout.INSPECTED) if base else None
+    if uri is None or not storage.exists(uri):
+        return None
+    path = uri
+    if is_s3(uri):
+        path = os.path.join(folder, "inspected.csv")
+        storage.download(uri, path)
+    known: dict[bytes, int] = {}
+    retried = np.array([reason.encode() for reason in RETRIED_REASONS])
+    reason = INSPECTION_FIELDS.index("reason")
+    found = []
+    try:
+        with blocks(storage, path, ",".join(INSPECTION_FIELDS)) as parts:
+            for part in parts:
+                rows = np.flatnonzero(~np.isin(part.column(reason), retried))  # those read again have no say
+                starts, stops = part.starts[rows, 0], part.stops[rows, -1]
+                keys = _key_digests(part.data, starts, part.stops[rows, 0], part.starts[rows, 1], part.stops[rows, 2])
+                known.update(zip(keys, ((part.offset + starts) << 32 | (stops - starts)).tolist(), strict=True))
+        with blocks(storage, discovered, ",".join(DISCOVERED_FIELDS)) as parts:
+            for part in parts:
+                keys = _key_digests(part.data, part.starts[:, 0], part.stops[:, 0], part.starts[:, 2],
+                                    part.stops[:, 3])
+                where = np.fromiter(map(known.get, keys, itertools.repeat(-1)), dtype=np.int64, count=len(part))
+                where[part.stops[:, 3] == part.starts[:, 3]] = -1  # no stamp: nothing proves the file unchanged
+                found.append(where)
+    except Quoted:
+        return None
+    return (np.concatenate(found) if found else np.zeros(0, dtype=np.int64)), path
+
+
+def _key_digests(data: bytes, name_starts: Any, name_stops: Any, rest_starts: Any, rest_stops: Any) -> list[bytes]:
+    """The digests of the inspection join's keys (``Inspections._lookup``: file name, size and stamp, NUL-separated)
+    of rows whose name is ``data[name_start:name_stop]`` and whose size and stamp are the two fields of
+    ``data[rest_start:rest_stop]``."""
+    blake = hashlib.blake2b
+    return [blake(data[a:b] + b"\0" + data[c:d].replace(b",", b"\0"), digest_size=16).digest()
+            for a, b, c, d in zip(name_starts.tolist(), name_stops.tolist(), rest_starts.tolist(), rest_stops.tolist(),
+                                  strict=True)]
 
 
 def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[str]]]:

@@ -19,12 +19,15 @@ cut or on which worker read what.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import math
+import mmap
+import os
 import tempfile
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from functools import partial
@@ -37,7 +40,13 @@ from ..parallel import batched_map, forked, ordered_map, preload, task_pool, tas
 from ..progress import ProgressLog, log, summarized
 from ..published import layout
 from ..records.schema import REJECTS_FIELDS
-from ..rules.base_version import INSPECTION_FIELDS, base_of, inspections, why_not_reuse_inspection
+from ..rules.base_version import (
+    INSPECTION_FIELDS,
+    base_of,
+    carried_inspections,
+    inspections,
+    why_not_reuse_inspection,
+)
 from ..rules.shards import MB
 from ..source.listing import DISCOVERED_FIELDS
 from ..source.reading import read_source
@@ -56,6 +65,7 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
+from ..storage.csv_blocks import Block, Quoted, blocks
 from ..storage.documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
 
 CHUNKS = "inspect/chunks.json"
@@ -107,17 +117,92 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
     if base is not None and not why_not and not storage.exists(join(base.uri, layout.INSPECTED)):
         why_not = f"version {base.version} is damaged: its {layout.INSPECTED} is missing"
         log.warning("%s: every file is read again", why_not)
-    with tempfile.TemporaryDirectory() as tmp, \
-            inspections(storage, None if why_not else base, staged(cfg, DISCOVERED), tmp) as known:
+    with tempfile.TemporaryDirectory() as tmp:
+        joined = None if why_not else carried_inspections(storage, base, staged(cfg, DISCOVERED), tmp)
+        planned = _plan_from_columns(cfg, storage, *joined, max_chunks) if joined is not None else None
+        chunks, files, num_bytes, carried = planned or _plan_from_rows(cfg, storage, None if why_not else base, tmp,
+                                                                       max_chunks)
+    plan = {"chunks": chunks, "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried,
+            "base_version": base.version if base else None, "not_reused_because": why_not}
+    write_json(storage, staged(cfg, CHUNKS), plan)
+    return {"chunks": len(chunks), "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried}
+
+
+class _Chunks:
+    """The files to read, cut into chunks of at most ``max_files`` files and ``max_bytes`` bytes (``todo`` tables)."""
+
+    def __init__(self, cfg: BuildConfig, storage: Storage, max_files: int, max_bytes: int) -> None:
+        self.cfg, self.storage, self.max_files, self.max_bytes = cfg, storage, max_files, max_bytes
+        self.chunks: list[dict[str, int]] = []
+        self._todo: RowWriter | None = None
+
+    def add(self, row: dict[str, Any], size: int) -> None:
+        chunks = self.chunks
+        if self._todo is None or chunks[-1]["files"] >= self.max_files or \
+                (chunks[-1]["bytes"] + size > self.max_bytes and chunks[-1]["files"]):
+            if self._todo is not None:
+                self._todo.close()
+            self._todo = RowWriter(self.storage, staged(self.cfg, _todo(len(chunks))), TODO_FIELDS)
+            chunks.append({"files": 0, "bytes": 0})
+        self._todo.write(row)
+        chunks[-1]["files"] += 1
+        chunks[-1]["bytes"] += size
+
+    def close(self) -> list[dict[str, int]]:
+        if self._todo is not None:
+            self._todo.close()
+        else:  # nothing to read: one empty chunk
+            RowWriter(self.storage, staged(self.cfg, _todo(0)), TODO_FIELDS).close()
+            self.chunks.append({"files": 0, "bytes": 0})
+        return self.chunks
+
+
+def _plan_from_columns(cfg: BuildConfig, storage: Storage, found: Any, base_path: str, max_chunks: int
+                       ) -> tuple[list[dict[str, int]], int, int, int] | None:
+    """``plan_inspection``'s tables from the join read as columns (``carried_inspections``: where the base's
+    inspection of each discovered file is in ``base_path``, or -1): the carried rows are the base's rows as they
+    are, cut from its mapped file. Returns the chunks, the files and bytes to read and the files carried (None
+    for a listing to read row by row)."""
+    import numpy as np
+
+    try:
+        with blocks(storage, staged(cfg, DISCOVERED), ",".join(DISCOVERED_FIELDS)) as parts:
+            sizes = np.concatenate([part.integers(2) for part in parts] or [np.zeros(0, dtype=np.int64)])
+    except ValueError:  # (sizes are written as plain decimals: not this table) row by row
+        return None
+    unread = found < 0
+    files, num_bytes = int(unread.sum()), int(sizes[unread].sum())
+    todo = _Chunks(cfg, storage, *chunk_limits(cfg, files, num_bytes, max_chunks))
+    with RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS) as carried, open(base_path, "rb") as f, \
+            (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else
+             contextlib.nullcontext(b"")) as base, \
+            blocks(storage, staged(cfg, DISCOVERED), ",".join(DISCOVERED_FIELDS)) as parts:
+        first = 0
+        for part in parts:
+            where = found[first:first + len(part)]
+            labels = part.column(1)
+            lines = [b"%d,%s,%s\n" % (first + i, labels[i], base[at >> 32:(at >> 32) + (at & 0xFFFFFFFF)])
+                     for i, at in zip(np.flatnonzero(where >= 0).tolist(), where[where >= 0].tolist(), strict=True)]
+            carried.write_bytes_lines(lines)
+            names, stamps = part.column(0), part.column(3)
+            for i in np.flatnonzero(where < 0).tolist():
+                todo.add({"number": first + i, "filename": names[i].decode("utf-8", "surrogateescape"),
+                          "label": labels[i].decode("utf-8", "surrogateescape"), "num_bytes": int(sizes[first + i]),
+                          "stamp": stamps[i].decode()}, int(sizes[first + i]))
+            first += len(part)
+    return todo.close(), files, num_bytes, carried.count
+
+
+def _plan_from_rows(cfg: BuildConfig, storage: Storage, base: Any, tmp: str, max_chunks: int
+                    ) -> tuple[list[dict[str, int]], int, int, int]:
+    """``_plan_from_columns`` row by row (``inspections``: a table with a quoted field, or no base to join)."""
+    with inspections(storage, base, staged(cfg, DISCOVERED), tmp) as known:
         files = num_bytes = 0
         for row in known.unread():  # first pass: how much there is to read
             files += 1
             num_bytes += int(row["num_bytes"])
-        max_files, max_bytes = chunk_limits(cfg, files, num_bytes, max_chunks)
-        chunks: list[dict[str, int]] = []
-        with ExitStack() as stack:
-            carried = stack.enter_context(RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS))
-            todo: RowWriter | None = None
+        todo = _Chunks(cfg, storage, *chunk_limits(cfg, files, num_bytes, max_chunks))
+        with RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS) as carried:
             labels: dict[str, str] = {}  # class name -> its CSV field
             for number, (values, before) in enumerate(known.all()):
                 if before is not None:  # matched on name, size and stamp: the row as inspection wrote it
@@ -125,25 +210,8 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
                     carried.write_line(f"{number},{label},{before}\n")
                     continue
                 row = dict(zip(DISCOVERED_FIELDS, values, strict=True))
-                size = int(row["num_bytes"])
-                if todo is None or chunks[-1]["files"] >= max_files or \
-                        (chunks[-1]["bytes"] + size > max_bytes and chunks[-1]["files"]):
-                    if todo is not None:
-                        todo.close()
-                    todo = RowWriter(storage, staged(cfg, _todo(len(chunks))), TODO_FIELDS)
-                    chunks.append({"files": 0, "bytes": 0})
-                todo.write({**row, "number": number})
-                chunks[-1]["files"] += 1
-                chunks[-1]["bytes"] += size
-            if todo is not None:
-                todo.close()
-            else:  # nothing to read: one empty chunk
-                RowWriter(storage, staged(cfg, _todo(0)), TODO_FIELDS).close()
-                chunks.append({"files": 0, "bytes": 0})
-    plan = {"chunks": chunks, "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried.count,
-            "base_version": base.version if base else None, "not_reused_because": why_not}
-    write_json(storage, staged(cfg, CHUNKS), plan)
-    return {"chunks": len(chunks), "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried.count}
+                todo.add({**row, "number": number}, int(row["num_bytes"]))
+    return todo.close(), files, num_bytes, carried.count
 
 
 def chunk_label(cfg: BuildConfig, storage: Storage, chunk: int) -> str:
@@ -229,6 +297,43 @@ def _merged(carried: Iterator[tuple[int, str]], fresh: Iterator[tuple[int, str]]
         pending = next(fresh, None)
 
 
+def _merge_blocks(carried: Iterator[Block], fresh: Iterator[tuple[int, str]], one: Callable[[str], None],
+                  good: RowWriter, inspection: RowWriter) -> None:
+    """``_merged`` with the carried rows read as columns: each run of carried images (all but a few rows of a
+    night) goes to ``good`` (from its label on) and ``inspection`` (from its name on) as slices of its block;
+    the chunks' rows and the carried rejects go to ``one``, in number order."""
+    import numpy as np
+
+    pending = next(fresh, None)
+    for part in carried:
+        numbers = part.integers(0)
+        image = (part.starts[:, -1] == part.stops[:, -1]) & (part.starts[:, -2] == part.stops[:, -2])
+        others = np.flatnonzero(~image).tolist()  # carried rejects: parsed, one by one
+        data, at, count = part.data, 0, len(part)
+        ends = (part.stops[:, -1] + 1).tolist()
+        while at < count:
+            stop = others[0] if others else count
+            if pending is not None:  # a fresh row goes before the first carried row with a higher number
+                stop = min(stop, int(np.searchsorted(numbers, pending[0])))
+            if stop > at:
+                good.write_bytes_lines([data[a:b] for a, b in zip(part.starts[at:stop, 1].tolist(), ends[at:stop],
+                                                                    strict=True)])
+                inspection.write_bytes_lines([data[a:b] for a, b in zip(part.starts[at:stop, 2].tolist(),
+                                                                          ends[at:stop], strict=True)])
+                at = stop
+                continue
+            if pending is not None and pending[0] < numbers[at]:
+                one(pending[1])
+                pending = next(fresh, None)
+            else:
+                others.pop(0)
+                one(data[int(part.starts[at, 0]):ends[at] - 1].decode("utf-8", "surrogateescape"))
+                at += 1
+    while pending is not None:
+        one(pending[1])
+        pending = next(fresh, None)
+
+
 @summarized
 def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Merge the carried and the chunks' rows, in listing order, into ``images.csv``, the inspection
@@ -245,11 +350,11 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 yield from _numbered(header, texts)
 
     with ExitStack() as stack:
-        carried = _numbered(*stack.enter_context(raw_rows(storage, staged(cfg, CARRIED))))
         good = stack.enter_context(RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS))
         rejects = stack.enter_context(RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS))
         inspection = stack.enter_context(RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS))
-        for text in _merged(carried, fresh()):
+
+        def one(text: str) -> None:  # a row of either table, as its text
             row = text[text.index(",") + 1:]  # label, then INSPECTION_FIELDS: an images.csv row as it is
             if text.endswith(",,"):  # no reason, no detail: an image
                 good.write_line(row + "\n")
@@ -258,6 +363,14 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                 values = next(csv.reader([text]))
                 rejects.write_values([values[i] for i in REJECT_COLUMNS])
                 inspection.write_values(values[2:])
+
+        try:
+            carried_blocks = stack.enter_context(blocks(storage, staged(cfg, CARRIED), ",".join(DONE_FIELDS)))
+        except Quoted:  # row by row
+            for text in _merged(_numbered(*stack.enter_context(raw_rows(storage, staged(cfg, CARRIED)))), fresh()):
+                one(text)
+        else:
+            _merge_blocks(carried_blocks, fresh(), one, good, inspection)
     summary = {"inspected": good.count, "rejected": rejects.count, "files_read": plan["files_to_read"],
                "bytes_read": plan["bytes_to_read"], "files_reused": plan["files_reused"],
                "base_version": plan["base_version"], "not_reused_because": plan["not_reused_because"],

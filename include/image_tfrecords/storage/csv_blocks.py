@@ -33,7 +33,7 @@ class Quoted(Exception):
 class Block:
     """Whole rows of a table, each ending in a line end: ``data``, and each field's bounds."""
 
-    def __init__(self, data: bytes, width: int) -> None:
+    def __init__(self, data: bytes, width: int, offset: int = 0) -> None:
         import numpy as np
 
         raw = np.frombuffer(data, dtype=np.uint8)
@@ -50,6 +50,7 @@ class Block:
         stops[:, :-1] = commas.reshape(count, width - 1)
         stops[:, -1] = ends
         self.data, self.raw, self.starts, self.stops, self.count = data, raw, starts, stops, count
+        self.offset = offset  # where ``data`` starts in the table's file
 
     def __len__(self) -> int:
         return self.count
@@ -121,7 +122,7 @@ def _holds_quote(f: Any, block_bytes: int) -> bool:
 
 
 def _read_blocks(f: Any, width: int, block_bytes: int) -> Iterator[Block]:
-    rest = b""
+    rest, at = b"", f.tell()
     while True:
         chunk = f.read(block_bytes)
         if not chunk:
@@ -130,6 +131,7 @@ def _read_blocks(f: Any, width: int, block_bytes: int) -> Iterator[Block]:
         cut = data.rfind(b"\n") + 1
         rest = data[cut:]
         if cut:
-            yield Block(data[:cut], width)
+            yield Block(data[:cut], width, at)
+            at += cut
     if rest:
-        yield Block(rest + b"\n", width)
+        yield Block(rest + b"\n", width, at)
