@@ -283,6 +283,11 @@ class Diff:
     relabelled: int | None = None  # same filename, other classes (None: not compared)
 
 
+def _names_of(rows: Rows) -> Rows:
+    """The rows' file names alone, where ``rows`` can give them so (a ``names`` method), else the rows."""
+    return getattr(rows, "names", rows)
+
+
 def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previous_labels: Rows) -> Diff:
     """Images added, removed and changed (same filename, new sha256), with the smallest example names; when
     both scans hashed their label sets, also relabelled (same filename, other classes)."""
@@ -300,8 +305,8 @@ def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previou
         sets, old_sets = (np.frombuffer(b, dtype="<u8") for b in (current.labelsets, previous.labelsets))
         targets["relabelled"] = np.sort(names[known & ~_isin(sets, np.sort(old_sets))])
         relabelled = len(targets["relabelled"])
-    examples = _examples(labels(), names, targets)
-    examples |= _examples(previous_labels(), old_names, {"removed": removed})
+    examples = _examples(_names_of(labels)(), names, targets)
+    examples |= _examples(_names_of(previous_labels)(), old_names, {"removed": removed})
     return Diff(len(added), len(removed), len(changed), examples, relabelled)
 
 

@@ -83,9 +83,10 @@ def looks_like_image(filename: str, modern: bool = True) -> bool:
     ``modern`` False, HEIC/HEIF, AVIF and JPEG XL names are not images."""
     if filename.startswith(".") or "/." in filename:  # a hidden file, or one in a hidden folder
         return False
-    base = filename.rpartition("/")[2]
-    dot = base.rfind(".")
-    extension = base[dot:].lower() if dot > 0 else ""  # as posixpath.splitext: ".jpg" alone has none
+    dot = filename.rfind(".")
+    if dot <= filename.rfind("/") + 1:  # as posixpath.splitext: ".jpg" alone has no extension
+        return False
+    extension = filename[dot:].lower()
     return extension in IMAGE_EXTENSIONS and (modern or extension not in MODERN_EXTENSIONS)
 
 

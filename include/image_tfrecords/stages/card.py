@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -17,22 +18,41 @@ from ..published.manifest import Manifest
 from ..source.reading import read_source
 from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
-from ..storage.documents import list_rows, read_json, write_json
+from ..storage.documents import field_end, list_rows, raw_rows, read_json, write_json
 
 if TYPE_CHECKING:
     from ..card.sections import LabelFacts
 
 
-def _rows(storage: Storage, uri: str) -> Callable[[], Iterator[dict[str, str]]]:
+class _Rows:
     """A callable giving a fresh iterator over the CSV rows at ``uri`` each time (dicts made from plain
-    lists: cheaper than DictReader's rows, and the card reads every row more than once)."""
-    def rows() -> Iterator[dict[str, str]]:
-        with list_rows(storage, uri) as it:
+    lists: cheaper than DictReader's rows, and the card reads every row more than once); ``names()`` gives
+    each row's file name alone (``{"filename": ...}``: the diff's examples need no more, and it is cut from
+    each row's text without splitting the rest)."""
+
+    def __init__(self, storage: Storage, uri: str) -> None:
+        self._storage, self._uri = storage, uri
+
+    def __call__(self) -> Iterator[dict[str, str]]:
+        with list_rows(self._storage, self._uri) as it:
             names = it.fieldnames or []
             for values in it.reader:
                 if values:
                     yield dict(zip(names, values, strict=False))
-    return rows
+
+    def names(self) -> Iterator[dict[str, str]]:
+        with raw_rows(self._storage, self._uri) as (header, texts):
+            if not header.startswith("filename,"):
+                yield from ({"filename": row.get("filename", "")} for row in self())
+                return
+            for text in texts:
+                if text:
+                    field = text[:field_end(text)]
+                    yield {"filename": next(csv.reader([field]))[0] if field.startswith('"') else field}
+
+
+def _rows(storage: Storage, uri: str) -> _Rows:
+    return _Rows(storage, uri)
 
 
 def card_facts(cfg: BuildConfig, storage: Storage) -> LabelFacts:
