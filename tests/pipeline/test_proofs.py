@@ -246,3 +246,58 @@ def test_a_night_on_a_pool_proves_its_bases_and_equals_the_full_build(tmp_path: 
         facts["shards_reused"] > 0
     full = read(storage, build(storage, source.uri, str(tmp_path / "full"), "d", "v2", full=True)["uri"])
     assert v2.rows == full.rows  # filename, content hash, label, label id, split of every record, as TF reads them
+
+
+def test_a_prover_started_before_discovery_on_another_base_is_replaced(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prover starts before discovery, on the newest version published before this one as the listing of the
+    destination shows it then; when discovery's base is another (a version published meanwhile, here a wrong
+    guess forced), that prover is cancelled and one of discovery's base proves it instead."""
+    storage, source, dest = pool_night(tmp_path)
+    provers = let_provers_finish(monkeypatch)
+    started: list[str | None] = []
+    start = Prover.start
+
+    def record_start(self: Prover, *args: Any, **kwargs: Any) -> Prover:
+        started.append(self.version)
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(Prover, "start", record_start)
+    monkeypatch.setattr(stages.layout, "previous_version", lambda *_args: None)  # the guess: no base
+    cfg = config(source.uri, dest, "d", "v2")
+    with process_pool(2) as pool:
+        result = stages.run_pipeline(cfg, storage, pool=pool, workers=2)
+    assert started == [None, "v1"]
+    assert [p.version for p in provers] == ["v1"]
+    assert result["proven_ahead"]["proven"] == result["proven_ahead"]["of"] > 0
+    check_version(storage, read(storage, result["uri"]), source.files())
+
+
+def test_an_unchanged_night_on_a_pool_stops_its_prover_and_leaves_no_staging(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prover runs from the start of discovery; a night that finds nothing changed stops it before it drops the
+    staging, so nothing of this build is left (no proofs, no staging folder)."""
+    storage = Storage()
+    source = base_source(tmp_path, storage, None, per_class=12)
+    dest = tmp_path / "out"
+    build(storage, source.uri, str(dest), "d", "v1")
+    events: list[str] = []
+    cancel, discard = Prover.cancel, stages.discard_stage
+
+    def noted_cancel(self: Prover) -> None:
+        events.append(f"cancel {self.version} {len(self.shards)} shards")
+        cancel(self)
+
+    def noted_discard(*args: Any) -> Any:
+        events.append("discard")
+        return discard(*args)
+
+    monkeypatch.setattr(Prover, "cancel", noted_cancel)
+    monkeypatch.setattr(stages, "discard_stage", noted_discard)
+    cfg = config(source.uri, str(dest), "d", "v2")
+    with process_pool(2) as pool:
+        result = stages.run_pipeline(cfg, storage, pool=pool, workers=2)
+    assert result == {"unchanged_since": "v1", "version": "v1"}
+    assert events[1] == "discard" and events[0].startswith("cancel v1 ") and events[0] != "cancel v1 0 shards", events
+    assert not (dest / "d" / "_staging").exists()
+    assert sorted(p.name for p in (dest / "d").iterdir()) == ["latest.json", "v1"]

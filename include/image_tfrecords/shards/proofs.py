@@ -94,7 +94,9 @@ def proven(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> list[i
 class Prover:
     """Hashes the base shards of a build on a thread of this process until ``stop``; see the module."""
 
-    def __init__(self, cfg: BuildConfig, storage: Storage, previous: str | None, multi_label: bool) -> None:
+    def __init__(self, cfg: BuildConfig, storage: Storage, previous: str | None, multi_label: bool | None) -> None:
+        """``multi_label``: whether discovery found a multi-label source (None: not listed yet, taken as the base
+        was: a prover started before discovery, whose proofs go unused if the plan cannot take the base)."""
         self.cfg, self.storage = cfg, storage
         self.version: str | None = None
         self.shards: list[tuple[str, str, int]] = []  # (file, sha256, bytes) of each base shard
@@ -116,7 +118,8 @@ class Prover:
             return
         try:
             base = base_of(cfg, storage, previous)
-            if base is None or why_not_reuse_shards(cfg, base, schema_of(cfg, multi_label)):
+            if base is None or why_not_reuse_shards(cfg, base, schema_of(
+                    cfg, base.manifest.multi_label if multi_label is None else multi_label)):
                 return
             entries = [s for split in base.manifest.splits.values() for s in split.shards]
         except Exception:  # a damaged base is the plan's to find and report

@@ -31,6 +31,9 @@ from typing import Any
 from ..config import BuildConfig
 from ..errors import BuildError, GateTripped
 from ..parallel import preload
+from ..published import layout
+from ..records.schema import schema_of
+from ..rules.base_version import base_of, why_not_reuse_shards
 from ..rules.publish_gate import TRIPPED
 from ..shards.checks import validate_shard
 from ..shards.proofs import Prover
@@ -147,6 +150,19 @@ PIPELINE: tuple[Stage, ...] = (
 ProgressFactory = Callable[[str, int], AbstractContextManager[Progress]]
 
 
+def _start_prover(cfg: BuildConfig, storage: Storage, pool: Executor, workers: int, stack: contextlib.ExitStack,
+                  previous: str | None, multi_label: bool | None) -> Prover:
+    """A ``Prover`` of ``previous``'s shards, started in ``pool`` (``workers`` - 1 at a time: a process is left for
+    inspection's files) and stopped at the end of ``stack`` whatever happens."""
+    prover = Prover(cfg, storage, previous, multi_label)
+    stack.callback(prover.drop_prepared)  # (last: after ``cancel`` has waited for the copies in hand)
+    stack.callback(prover.cancel)
+    if prover.shards:  # its first task forks the pool: what inspection imports, imported before (a pool that
+        # imports Pillow itself holds inspection up: measured, 0.25 s on 16 cores)
+        preload(*INSPECTION_MODULES)
+    return prover.start(pool, max(1, workers - 1))
+
+
 @contextlib.contextmanager
 def _silent(_name: str, _total: int) -> Iterator[Progress]:
     yield no_progress
@@ -183,6 +199,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     proven_ahead = {"proven": 0, "of": 0}
     with ThreadPoolExecutor(1, thread_name_prefix="card") as beside, contextlib.ExitStack() as stack:
         card_ahead: Future[Any] | None = None
+        if pool is not None:  # base shards hashed on the cores discovery leaves idle, from its start
+            prover = _start_prover(cfg, storage, pool, workers, stack,
+                                   layout.previous_version(storage, cfg.dataset_uri, cfg.version), None)
         for stage in PIPELINE:
             if stage.run is publish_stage:
                 before_publish()
@@ -220,17 +239,17 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 prover.copy_ahead()  # the kept bytes copied beside split and plan
             unchanged = results.get("discover", {}).get("unchanged_since")
             if stage.run is discover_stage and unchanged and not (force or cfg.full):
+                if prover is not None:
+                    prover.cancel()  # (before the staging goes)
                 discard_stage(cfg, storage)
                 return {"unchanged_since": unchanged, "version": unchanged}
-            if stage.run is discover_stage and pool is not None:  # base shards hashed on the core left idle
+            if stage.run is discover_stage and prover is not None:  # the base discovery found, as it found it?
                 found = results["discover"]
-                prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
-                stack.callback(prover.drop_prepared)  # (last: after ``cancel`` has waited for the copies in hand)
-                stack.callback(prover.cancel)
-                if prover.shards:  # its first task forks the pool: what inspection imports, imported before (a
-                    # pool that imports Pillow itself holds inspection up: measured, 0.25 s on 16 cores)
-                    preload(*INSPECTION_MODULES)
-                prover.start(pool, max(1, workers - 1))  # a process left for inspection's files
+                if prover.version != found["previous_version"] or (prover.shards and why_not_reuse_shards(
+                        cfg, base_of(cfg, storage, prover.version), schema_of(cfg, bool(found.get("multi_label"))))):
+                    prover.cancel()  # not the base: its proofs would go unused (a version published meanwhile)
+                    prover = _start_prover(cfg, storage, pool, workers, stack, found["previous_version"],
+                                           bool(found.get("multi_label")))
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]
