@@ -164,3 +164,12 @@ def test_a_row_digest_is_the_record_digest_of_its_fields(tmp_path: Path) -> None
     for values, text in zip(parsed, texts, strict=True):
         assert record_digest(values, 3) == row_digests(text, np.array([0]), np.array([len(text)]))[0]
     assert record_digest(["a", "b,c"], 2) != record_digest(["a,b", "c"], 2)
+
+
+def test_hex_prefixes_are_the_first_64_bits_of_each_digest() -> None:
+    digests = [hashlib.sha256(b"%d" % i).hexdigest() for i in range(50)]
+    block = Block(("\n".join(f"x{i},{d}" for i, d in enumerate(digests)) + "\n").encode(), 2)
+    assert block.hex_prefixes(1).tolist() == [int(d[:16], 16) for d in digests]
+    for bad in (b"x,0123456789ABCDEF\n", b"x,0123456789abcdeg\n", b"x,0123\n"):
+        with pytest.raises(ValueError):
+            Block(bad, 2).hex_prefixes(1)

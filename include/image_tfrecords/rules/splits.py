@@ -26,8 +26,6 @@ from typing import Any
 from ..storage import Storage
 from ..storage.csv_blocks import Quoted, blocks
 
-_HEX = list(b"0123456789abcdef")  # the digits of a hexdigest, as bytes
-
 
 def unit_hash(*parts: str) -> float:
     """A uniform number in [0, 1) from the SHA-256 of the parts (NUL-separated)."""
@@ -171,17 +169,12 @@ def content_columns(storage: Storage, uri: str, header: str,
     try:
         with blocks(storage, uri, header) as parts:
             for part in parts:
-                digits = part.column(col["sha256"]).view(np.uint8).reshape(len(part), -1)[:, :16].astype(np.uint64)
-                if len(part) and (digits.shape[1] < 16 or not np.isin(digits, _HEX).all()):
-                    return None
-                values = np.where(digits >= 97, digits - 87, digits - 48)  # 0-9a-f: 0 to 15
-                prefixes.append((values << (np.uint64(4) * np.arange(15, -1, -1, dtype=np.uint64))).sum(
-                    axis=1, dtype=np.uint64))
+                prefixes.append(part.hex_prefixes(col["sha256"]))
                 names, label_of = np.unique(part.column(col["label"]), return_inverse=True)
                 ids = np.array([label_number.setdefault(n.decode("utf-8", "surrogateescape"), len(label_number))
                                 for n in names.tolist()], dtype=np.int64)
                 numbers.append(ids[label_of.ravel()] if len(part) else np.zeros(0, dtype=np.int64))
-    except Quoted:
+    except (Quoted, ValueError):
         return None
     if not prefixes:
         return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64), label_number

@@ -17,6 +17,7 @@ from ..config import BuildConfig
 from ..errors import BuildError
 from ..progress import summarized
 from ..published.manifest import FORMAT_VERSION, Manifest
+from ..records.schema import record_fields
 from ..rules.base_version import INSPECTOR
 from ..shards.checks import name_hash, validate_shard
 from ..staging import (
@@ -36,14 +37,16 @@ from ..staging import (
     staged_schema,
 )
 from ..storage import Storage
+from ..storage.csv_blocks import Quoted, blocks
 from ..storage.documents import list_rows, read_json, read_rows, write_json
 
 
-def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, array[int]]) -> None:
-    """Raise BuildError if any image content is in two splits (8 bytes of memory per record)."""
+def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, Any]) -> None:
+    """Raise BuildError if any image content is in two splits (``contents``: per split, its records' 64-bit
+    SHA-256 prefixes, a numpy array; 8 bytes of memory per record)."""
     import numpy as np
 
-    seen = {split: np.unique(np.frombuffer(prefixes, dtype=np.uint64)) for split, prefixes in contents.items()}
+    seen = {split: np.unique(prefixes) for split, prefixes in contents.items()}
     names = sorted(seen)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
@@ -109,13 +112,30 @@ def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[d
     }
 
 
-@summarized
-def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_progress) -> dict[str, Any]:
-    """Add up the per-shard checks (checking any shard not checked yet) and stage ``manifest.json``."""
-    plan = read_json(storage, staged(cfg, PLAN))
-    summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
+def _label_columns(cfg: BuildConfig, storage: Storage) -> tuple[Counter[str], Counter[str], dict[str, Any]]:
+    """Per split of labels.csv: its records, the sum of their name hashes (as ``set_digest``) and their contents'
+    64-bit SHA-256 prefixes. Read as columns (``csv_blocks``); a table with a quoted field, row by row."""
+    import numpy as np
+
     counts: Counter[str] = Counter()
-    digests: Counter[str] = Counter()  # per split: sum of name hashes, as set_digest
+    digests: Counter[str] = Counter()
+    parts_of: dict[str, list[Any]] = defaultdict(list)
+    fields = record_fields(cfg)
+    name, split_at, sha = fields.index("filename"), fields.index("split"), fields.index("sha256")
+    try:
+        with blocks(storage, staged(cfg, LABELS), ",".join((*fields, "shard", "shard_position"))) as table:
+            for part in table:
+                named, prefixes = part.column(split_at), part.hex_prefixes(sha)
+                names = part.column(name)
+                for split in {value.decode("utf-8", "surrogateescape") for value in np.unique(named).tolist()}:
+                    rows = named == split.encode()
+                    counts[split] += int(rows.sum())
+                    digests[split] += _name_hash_sum(names[rows].tolist())
+                    parts_of[split].append(prefixes[rows])
+        return counts, digests, {split: np.concatenate(p) for split, p in parts_of.items()}
+    except (Quoted, ValueError):
+        pass
+    counts, digests = Counter(), Counter()
     contents: dict[str, array[int]] = defaultdict(lambda: array("Q"))  # per split: 64-bit sha256 prefixes
     with list_rows(storage, staged(cfg, LABELS)) as rows:  # plain lists: this runs over every record
         column = {name: i for i, name in enumerate(rows.fieldnames or ())}
@@ -125,6 +145,27 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
             counts[split] += 1
             digests[split] += name_hash(values[name])
             contents[split].append(int(values[sha][:16], 16))
+    return counts, digests, {split: np.frombuffer(p, dtype=np.uint64) for split, p in contents.items()}
+
+
+def _name_hash_sum(names: list[bytes]) -> int:
+    """The sum of ``name_hash`` of each of ``names`` (UTF-8), taken as four 32-bit columns."""
+    import numpy as np
+
+    if not names:
+        return 0
+    sha256 = hashlib.sha256
+    words = np.frombuffer(b"".join([sha256(n).digest()[:16] for n in names]), dtype=">u4").reshape(-1, 4)
+    sums = words.sum(axis=0, dtype=np.uint64).tolist()
+    return sum(int(total) << (32 * (3 - k)) for k, total in enumerate(sums))
+
+
+@summarized
+def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_progress) -> dict[str, Any]:
+    """Add up the per-shard checks (checking any shard not checked yet) and stage ``manifest.json``."""
+    plan = read_json(storage, staged(cfg, PLAN))
+    summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
+    counts, digests, contents = _label_columns(cfg, storage)
     _check_no_content_in_two_splits(cfg, storage, contents)
     splits: dict[str, Any] = {}
     checked: list[dict[str, Any]] = []

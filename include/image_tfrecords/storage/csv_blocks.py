@@ -88,6 +88,23 @@ class Block:
             raise ValueError("not a plain decimal in every row")
         return (np.where(present, digits, 0) * 10 ** np.maximum(places, 0)).sum(axis=1)
 
+    def hex_prefixes(self, j: int) -> Any:
+        """The first 16 hex digits (lower case) of each value of column ``j`` as uint64 (``ValueError`` for a value
+        that does not begin so): a SHA-256 hexdigest's first 64 bits."""
+        import numpy as np
+
+        if not self.count:
+            return np.zeros(0, dtype=np.uint64)
+        digits = self.column(j).view(np.uint8).reshape(self.count, -1)
+        if digits.shape[1] < 16:
+            raise ValueError("a value shorter than 16 hex digits")
+        digits = digits[:, :16].astype(np.uint64)
+        letters = (digits >= 97) & (digits <= 102)
+        if not (letters | ((digits >= 48) & (digits <= 57))).all():
+            raise ValueError("not a lower-case hex digit")
+        values = np.where(letters, digits - 87, digits - 48)
+        return (values << (np.uint64(4) * np.arange(15, -1, -1, dtype=np.uint64))).sum(axis=1, dtype=np.uint64)
+
     def row_slices(self, first: int, last: int) -> tuple[Any, Any]:
         """Where each row's fields ``first`` to ``last`` (inclusive) begin and end in ``data``."""
         return self.starts[:, first], self.stops[:, last]
