@@ -13,7 +13,7 @@ import pytest
 
 from image_tfrecords.rules.base_version import record_digest, row_digests
 from image_tfrecords.storage import Storage
-from image_tfrecords.storage.csv_blocks import Block, Quoted, blocks
+from image_tfrecords.storage.csv_blocks import Block, Quoted, Ragged, blocks
 from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column, list_rows, row_texts
 
 ODD_ROWS: list[list[Any]] = [
@@ -138,9 +138,9 @@ def test_a_table_that_needs_quotes_or_other_columns_is_read_row_by_row(tmp_path:
 
 
 def test_rows_with_another_count_of_fields_and_bad_integers_are_refused() -> None:
-    with pytest.raises(Quoted):
+    with pytest.raises(Ragged):
         Block(b"a,b,c\nd,e\n", 3)
-    with pytest.raises(Quoted):
+    with pytest.raises(Ragged):
         Block(b"a,b,c,d\ne,f\n", 3)  # as many commas in all as two rows of three fields: still refused
     for data in (b"x,\n", b"x,12a\n", b"x,-3\n", b"x,1234567890123456789\n"):
         with pytest.raises(ValueError):

@@ -266,10 +266,12 @@ def inspections(storage: Storage, base: Base | None, discovered: str, folder: st
         spill.close()
 
 
-def carried_inspections(storage: Storage, base: Base | None, discovered: str, folder: str) -> tuple[Any, str] | None:
+def carried_inspections(storage: Storage, base: Base | None, discovered: str, folder: str
+                        ) -> tuple[Any, Any, str] | None:
     """``inspections`` read as columns (``csv_blocks``): for each row of ``discovered``, where the base's
-    inspection of it is in the base's inspected.csv (``offset << 32 | length`` of its row, -1 for none), and the
-    path of that file (local: a copy in ``folder`` from S3); None when either table is to be read row by row."""
+    inspection of it is in the base's inspected.csv (``offset << 32 | length`` of its row, -1 for none) and its
+    size, and the path of that file (local: a copy in ``folder`` from S3); None when either table is to be read
+    row by row."""
     import numpy as np
 
     uri = join(base.uri, layout.INSPECTED) if base else None
@@ -282,7 +284,7 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
     known: dict[bytes, int] = {}
     retried = np.array([reason.encode() for reason in RETRIED_REASONS])
     reason = INSPECTION_FIELDS.index("reason")
-    found = []
+    found, sizes = [], []
     try:
         with blocks(storage, path, ",".join(INSPECTION_FIELDS)) as parts:
             for part in parts:
@@ -297,9 +299,12 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
                 where = np.fromiter(map(known.get, keys, itertools.repeat(-1)), dtype=np.int64, count=len(part))
                 where[part.stops[:, 3] == part.starts[:, 3]] = -1  # no stamp: nothing proves the file unchanged
                 found.append(where)
-    except Quoted:
+                sizes.append(part.integers(2))
+    except (Quoted, ValueError):  # (a size not written as a plain decimal, a damaged row: not this table)
         return None
-    return (np.concatenate(found) if found else np.zeros(0, dtype=np.int64)), path
+    if not found:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), path
+    return np.concatenate(found), np.concatenate(sizes), path
 
 
 def _key_digests(data: bytes, name_starts: Any, name_stops: Any, rest_starts: Any, rest_stops: Any) -> list[bytes]:

@@ -119,9 +119,8 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
         log.warning("%s: every file is read again", why_not)
     with tempfile.TemporaryDirectory() as tmp:
         joined = None if why_not else carried_inspections(storage, base, staged(cfg, DISCOVERED), tmp)
-        planned = _plan_from_columns(cfg, storage, *joined, max_chunks) if joined is not None else None
-        chunks, files, num_bytes, carried = planned or _plan_from_rows(cfg, storage, None if why_not else base, tmp,
-                                                                       max_chunks)
+        chunks, files, num_bytes, carried = _plan_from_columns(cfg, storage, *joined, max_chunks) if joined else \
+            _plan_from_rows(cfg, storage, None if why_not else base, tmp, max_chunks)
     plan = {"chunks": chunks, "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried,
             "base_version": base.version if base else None, "not_reused_because": why_not}
     write_json(storage, staged(cfg, CHUNKS), plan)
@@ -157,19 +156,14 @@ class _Chunks:
         return self.chunks
 
 
-def _plan_from_columns(cfg: BuildConfig, storage: Storage, found: Any, base_path: str, max_chunks: int
-                       ) -> tuple[list[dict[str, int]], int, int, int] | None:
+def _plan_from_columns(cfg: BuildConfig, storage: Storage, found: Any, sizes: Any, base_path: str, max_chunks: int
+                       ) -> tuple[list[dict[str, int]], int, int, int]:
     """``plan_inspection``'s tables from the join read as columns (``carried_inspections``: where the base's
-    inspection of each discovered file is in ``base_path``, or -1): the carried rows are the base's rows as they
-    are, cut from its mapped file. Returns the chunks, the files and bytes to read and the files carried (None
-    for a listing to read row by row)."""
+    inspection of each discovered file is in ``base_path``, or -1, and each file's size): the carried rows are the
+    base's rows as they are, cut from its mapped file. Returns the chunks, the files and bytes to read and the
+    files carried."""
     import numpy as np
 
-    try:
-        with blocks(storage, staged(cfg, DISCOVERED), ",".join(DISCOVERED_FIELDS)) as parts:
-            sizes = np.concatenate([part.integers(2) for part in parts] or [np.zeros(0, dtype=np.int64)])
-    except ValueError:  # (sizes are written as plain decimals: not this table) row by row
-        return None
     unread = found < 0
     files, num_bytes = int(unread.sum()), int(sizes[unread].sum())
     todo = _Chunks(cfg, storage, *chunk_limits(cfg, files, num_bytes, max_chunks))
@@ -308,11 +302,11 @@ def _merge_blocks(carried: Iterator[Block], fresh: Iterator[tuple[int, str]], on
     for part in carried:
         numbers = part.integers(0)
         image = (part.starts[:, -1] == part.stops[:, -1]) & (part.starts[:, -2] == part.stops[:, -2])
-        others = np.flatnonzero(~image).tolist()  # carried rejects: parsed, one by one
-        data, at, count = part.data, 0, len(part)
+        others = [*np.flatnonzero(~image).tolist(), len(part)]  # carried rejects (parsed, one by one), then the end
+        data, at, count, other = part.data, 0, len(part), 0
         ends = (part.stops[:, -1] + 1).tolist()
         while at < count:
-            stop = others[0] if others else count
+            stop = others[other]
             if pending is not None:  # a fresh row goes before the first carried row with a higher number
                 stop = min(stop, int(np.searchsorted(numbers, pending[0])))
             if stop > at:
@@ -326,7 +320,7 @@ def _merge_blocks(carried: Iterator[Block], fresh: Iterator[tuple[int, str]], on
                 one(pending[1])
                 pending = next(fresh, None)
             else:
-                others.pop(0)
+                other += 1
                 one(data[int(part.starts[at, 0]):ends[at] - 1].decode("utf-8", "surrogateescape"))
                 at += 1
     while pending is not None:

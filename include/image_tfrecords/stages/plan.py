@@ -49,7 +49,7 @@ from ..rules.base_version import (
 from ..rules.splits import unit_points
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
-from ..storage.csv_blocks import Block, Quoted, blocks
+from ..storage.csv_blocks import Block, Quoted, Ragged, blocks
 from ..storage.documents import csv_field, csv_writer, list_rows, raw_rows, read_json, write_json
 
 
@@ -130,7 +130,7 @@ def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tupl
         with blocks(storage, uri, ",".join(fields)) as table:
             for part in table:
                 parts.append(_block_records(cfg, part, splits, fields, known))
-    except Quoted:
+    except (Quoted, Ragged):  # (nothing written yet)
         return _rows_records(cfg, storage, splits, fields, known)
     if not parts:
         return (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)), np.zeros(0, dtype=np.int64)
@@ -302,7 +302,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
         offsets[0] = len(header.encode())
         try:
             seen = _labels_from_blocks(cfg, storage, layout, position, suffixes, offsets, out)
-        except Quoted:  # a quoted field: row by row
+        except (Quoted, Ragged):  # a quoted field: row by row (what was written of the blocks is cut off first)
             out.seek(offsets[0])
             out.truncate()
             seen = _labels_from_rows(cfg, storage, layout, position, suffixes, offsets, out, header)

@@ -27,7 +27,11 @@ NEWLINE, COMMA, QUOTE = 10, 44, 34
 
 
 class Quoted(Exception):
-    """The table holds a quoted field (or a row with another count of fields): read it row by row."""
+    """The table holds a quoted field (or another header): read it row by row."""
+
+
+class Ragged(ValueError):
+    """A block holds a row with another count of fields than the header's (a damaged table)."""
 
 
 class Block:
@@ -42,7 +46,7 @@ class Block:
         count = len(ends)
         if len(commas) != count * (width - 1) or (count and (  # the commas before each line end: width - 1 a row
                 np.searchsorted(commas, ends) != np.arange(1, count + 1) * (width - 1)).any()):
-            raise Quoted("a row has another count of fields")
+            raise Ragged("a row has another count of fields than the table's header")
         starts = np.empty((count, width), dtype=np.int64)  # field j of row i: data[starts[i, j]:stops[i, j]]
         stops = np.empty((count, width), dtype=np.int64)
         starts[:, 0] = np.concatenate(([0], ends[:-1] + 1)) if count else ends
@@ -113,7 +117,9 @@ class Block:
 @contextmanager
 def blocks(storage: Storage, uri: str, header: str, block_bytes: int = BLOCK_BYTES) -> Iterator[Iterator[Block]]:
     """The rows of the table at ``uri`` as ``Block``s (S3 objects are spooled to disk). ``Quoted`` (before any block)
-    when its header is not ``header`` or the table holds a quote; ``header`` names the columns."""
+    when its header is not ``header`` or the table holds a quote; ``header`` names the columns. A block with a row
+    of another count of fields raises ``Ragged`` as it is read: a caller that wrote something of the blocks before
+    it must not read the table again row by row."""
     with ExitStack() as stack:
         path = uri
         if is_s3(uri):
