@@ -32,8 +32,6 @@ from ..config import BuildConfig
 from ..errors import BuildError, GateTripped
 from ..parallel import preload
 from ..published import layout
-from ..records.schema import schema_of
-from ..rules.base_version import base_of, why_not_reuse_shards
 from ..rules.publish_gate import TRIPPED
 from ..shards.checks import validate_shard
 from ..shards.proofs import Prover
@@ -186,10 +184,11 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     (publish's) also gives ``stage_seconds``, ``gate`` (the verdict) and ``proven_ahead`` (``{"proven", "of"}``, and
     ``"copied"`` where kept bytes were copied ahead).
 
-    With a pool, once discovery has found changes, a ``shards.proofs.Prover`` hashes the base version's shards in the
-    pool's processes (all but one) while inspect's join, split and plan (Python over every row, on one core) leave
-    the other cores idle; from ``PREPARE_WORKERS`` processes on it also copies the kept bytes the night will most
-    likely splice (``shards.prepare``). It is stopped before the reuse stage; the shards it proved are not hashed
+    With a pool, from the start of discovery, a ``shards.proofs.Prover`` hashes the base version's shards in the
+    pool's processes (all but one) while discovery, inspect's join, split and plan (passes over every row, on one
+    core) leave the other cores idle (after discovery, one of the base it found replaces it where that is another);
+    from ``PREPARE_WORKERS`` processes on it also copies the kept bytes the night will most likely splice
+    (``shards.prepare``). It is stopped before the reuse stage; the shards it proved are not hashed
     again, and a splice takes a copy only when it holds exactly the bytes it would copy.
     """
     results: dict[str, Any] = {}
@@ -245,9 +244,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 return {"unchanged_since": unchanged, "version": unchanged}
             if stage.run is discover_stage and prover is not None:  # the base discovery found, as it found it?
                 found = results["discover"]
-                if prover.version != found["previous_version"] or (prover.shards and why_not_reuse_shards(
-                        cfg, base_of(cfg, storage, prover.version), schema_of(cfg, bool(found.get("multi_label"))))):
-                    prover.cancel()  # not the base: its proofs would go unused (a version published meanwhile)
+                fresh = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
+                if (fresh.version, fresh.shards) != (prover.version, prover.shards):  # another base (a version
+                    prover.cancel()  # published meanwhile), or none to take: its proofs would go unused
                     prover = _start_prover(cfg, storage, pool, workers, stack, found["previous_version"],
                                            bool(found.get("multi_label")))
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
