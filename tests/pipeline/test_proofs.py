@@ -263,6 +263,7 @@ def test_a_prover_started_before_discovery_on_another_base_is_replaced(tmp_path:
         return start(self, *args, **kwargs)
 
     monkeypatch.setattr(Prover, "start", record_start)
+    monkeypatch.setattr(stages, "EARLY_PROVER_RECORDS", 0)  # (this base is small: its prover would start after)
     monkeypatch.setattr(stages.layout, "previous_version", lambda *_args: None)  # the guess: no base
     cfg = config(source.uri, dest, "d", "v2")
     with process_pool(2) as pool:
@@ -275,8 +276,9 @@ def test_a_prover_started_before_discovery_on_another_base_is_replaced(tmp_path:
 
 def test_an_unchanged_night_on_a_pool_stops_its_prover_and_leaves_no_staging(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The prover runs from the start of discovery; a night that finds nothing changed stops it before it drops the
-    staging, so nothing of this build is left (no proofs, no staging folder)."""
+    """A base of ``EARLY_PROVER_RECORDS`` or more is proven from the start of discovery; a night that finds nothing
+    changed stops that prover before it drops the staging, so nothing of this build is left (no proofs, no staging
+    folder). A smaller base's prover starts after discovery, so an unchanged night starts none."""
     storage = Storage()
     source = base_source(tmp_path, storage, None, per_class=12)
     dest = tmp_path / "out"
@@ -295,6 +297,11 @@ def test_an_unchanged_night_on_a_pool_stops_its_prover_and_leaves_no_staging(tmp
     monkeypatch.setattr(Prover, "cancel", noted_cancel)
     monkeypatch.setattr(stages, "discard_stage", noted_discard)
     cfg = config(source.uri, str(dest), "d", "v2")
+    with process_pool(2) as pool:
+        assert stages.run_pipeline(cfg, storage, pool=pool, workers=2) == {"unchanged_since": "v1", "version": "v1"}
+    assert events == ["discard"]  # 36 records: no prover before discovery, none after it
+    events.clear()
+    monkeypatch.setattr(stages, "EARLY_PROVER_RECORDS", 36)
     with process_pool(2) as pool:
         result = stages.run_pipeline(cfg, storage, pool=pool, workers=2)
     assert result == {"unchanged_since": "v1", "version": "v1"}
