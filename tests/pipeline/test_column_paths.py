@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from image_tfrecords import stages
+from image_tfrecords.card import label_columns
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.rules import base_version, splits
 from image_tfrecords.stages import inspect as inspect_stage
@@ -81,3 +82,28 @@ def test_a_night_staged_as_columns_is_the_night_staged_row_by_row(tmp_path: Path
     assert "label_conflict" in rejects and "duplicate" in rejects
     assert '"' not in (Path(cfg.staging_uri) / "labels.csv").read_text()  # (the columns path was the one taken)
 
+
+
+def test_the_cards_pass_over_a_staged_night_is_the_same_as_columns_and_as_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The card's pass over the staged labels.csv (real quality cells, flags, a previous version to diff) learns
+    the same as columns (``card.label_columns``) and as rows."""
+    from image_tfrecords.stages import card as card_stage
+    from tests.unit.test_card_columns import _facts_key
+
+    storage = Storage()
+    source, dest = night_source(tmp_path)
+    add(source, Images(tmp_path / "more", seed=2000), "triangles", "extra", 3)
+    cfg = BuildConfig(source=source.uri, destination=str(dest), dataset="d", version="v2", shard_size_mb=0.02)
+    _stage_night(cfg, storage)
+    taken = []
+    monkeypatch.setattr("image_tfrecords.card.sections.scan_columns",
+                        lambda *a: taken.append(1) or label_columns.scan_columns(*a))
+    as_columns = card_stage.card_facts(cfg, storage)
+    monkeypatch.delattr(card_stage._Rows, "columns")
+    monkeypatch.delattr(card_stage._Rows, "names_at")
+    by_rows = card_stage.card_facts(cfg, storage)
+    assert taken == [1]
+    assert as_columns.diff is not None
+    assert (as_columns.diff.added, as_columns.diff.removed, as_columns.diff.changed) == (12, 2, 1)
+    assert _facts_key(as_columns) == _facts_key(by_rows)

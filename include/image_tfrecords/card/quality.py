@@ -10,6 +10,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..images.quality import FLAGS, SIGNALS, parse_flags
 from .render import Block, Cell, Heading, Para, Table
@@ -81,12 +82,7 @@ class QualityScan:
                 stats.flags.update(flags)
         for flag in flags:
             signals = {**dict(zip(SIGNALS, values, strict=False)), "width": width, "height": height}
-            heap = self.worst.setdefault(flag, [])
-            item = (-_BADNESS[flag](signals), row["sha256"], row)  # a max-heap of badness's negation
-            if len(heap) < WORST:
-                heapq.heappush(heap, item)
-            elif item[:2] > heap[0][:2]:
-                heapq.heapreplace(heap, item)
+            self.offer_worst(flag, -_BADNESS[flag](signals), row)  # a heap of badness's negation
 
     def offer_batch(self, rows: list[dict[str, str]], classes: list[list[tuple[int, str]]]) -> None:
         """``offer`` each of ``rows`` with its ``classes``, column by column: the signals parsed by numpy and summed
@@ -106,7 +102,6 @@ class QualityScan:
             rows, classes, table = [rows[i] for i in keep], [classes[i] for i in keep], table[measured]
         if not rows:
             return
-        values = np.concatenate([table[:, :4], table[:, 4:5] * table[:, 5:6]], axis=1)  # _SUMMED's order
         places: list[int] = []  # a row's place, once for each of its classes below max_classes
         ids: list[int] = []
         for place, row_classes in enumerate(classes):
@@ -116,8 +111,21 @@ class QualityScan:
                     ids.append(cid)
                     if cid not in self.classes:
                         self.classes[cid] = (name, ClassQuality())
-        if ids:
-            unique, inverse = np.unique(np.array(ids), return_inverse=True)
+        values = self.add_measured(table, np.array(places, dtype=np.int64), np.array(ids, dtype=np.int64))
+        for place, row in enumerate(rows):
+            cell = row.get("quality")
+            if cell:
+                self.offer_flags(row, classes[place], values[place], table[place])
+
+    def add_measured(self, table: Any, places: Any, ids: Any) -> Any:
+        """Add measured rows to their classes' sums: ``table`` holds their ``_COLUMNS`` (one row each), ``places``
+        and ``ids`` each (row, class id below ``max_classes``) pair, whose entry in ``classes`` exists. Returns the
+        rows' ``_SUMMED`` values. The same sums in the same order whoever calls it (rows or columns)."""
+        import numpy as np
+
+        values = np.concatenate([table[:, :4], table[:, 4:5] * table[:, 5:6]], axis=1)  # _SUMMED's order
+        if len(ids):
+            unique, inverse = np.unique(ids, return_inverse=True)
             taken = values[places]
             counts = np.bincount(inverse, minlength=len(unique))
             sums = [np.bincount(inverse, weights=taken[:, j], minlength=len(unique)) for j in range(len(_SUMMED))]
@@ -125,24 +133,31 @@ class QualityScan:
                 stats = self.classes[cid][1]
                 stats.records += int(counts[k])
                 stats.sums = [a + float(column[k]) for a, column in zip(stats.sums, sums, strict=True)]
-        for place, row in enumerate(rows):
-            cell = row.get("quality")
-            flags = parse_flags(cell) if cell else []
-            if not flags:
-                continue
-            self.flags.update(flags)
-            for cid, _ in classes[place]:
-                if cid < self.max_classes:
-                    self.classes[cid][1].flags.update(flags)
-            signals = {**dict(zip(_SUMMED[:4], values[place, :4].tolist(), strict=True)),
-                       "width": float(table[place, 4]), "height": float(table[place, 5])}
-            for flag in flags:
-                heap = self.worst.setdefault(flag, [])
-                item = (-_BADNESS[flag](signals), row["sha256"], row)
-                if len(heap) < WORST:
-                    heapq.heappush(heap, item)
-                elif item[:2] > heap[0][:2]:
-                    heapq.heapreplace(heap, item)
+        return values
+
+    def offer_flags(self, row: dict[str, str], classes: list[tuple[int, str]], values: Any, measures: Any) -> None:
+        """Count the flags of a measured row whose ``quality`` cell is not empty (``values``: its ``_SUMMED``,
+        ``measures``: its ``_COLUMNS``), and offer it to the worst of each."""
+        flags = parse_flags(row["quality"])
+        if not flags:
+            return
+        self.flags.update(flags)
+        for cid, _ in classes:
+            if cid < self.max_classes:
+                self.classes[cid][1].flags.update(flags)
+        signals = {**dict(zip(_SUMMED[:4], values[:4].tolist(), strict=True)),
+                   "width": float(measures[4]), "height": float(measures[5])}
+        for flag in flags:
+            self.offer_worst(flag, -_BADNESS[flag](signals), row)
+
+    def offer_worst(self, flag: str, key: float, row: dict[str, str]) -> None:
+        """Offer a row with ``flag`` to that flag's ``WORST`` (``key``: the negated badness; larger is worse)."""
+        heap = self.worst.setdefault(flag, [])
+        item = (key, row["sha256"], row)
+        if len(heap) < WORST:
+            heapq.heappush(heap, item)
+        elif item[:2] > heap[0][:2]:
+            heapq.heapreplace(heap, item)
 
     def skews(self) -> list[str]:
         """One sentence per class that differs from the other classes together (see ``SKEW``)."""

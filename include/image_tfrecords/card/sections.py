@@ -11,6 +11,8 @@ records per number of classes and the pairs of classes found together most often
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import statistics
 from collections import Counter
@@ -21,8 +23,10 @@ from typing import Any
 from ..images.transform import ImageOptions
 from ..published.manifest import Manifest, as_manifest
 from ..records.schema import ordered_splits
+from ..storage.csv_blocks import Quoted
 from . import plot, render
 from .gate_verdict import pending_blocks
+from .label_columns import scan_columns
 from .near_duplicates import NearDuplicateView, near_duplicate_blocks
 from .quality import QualityScan, quality_blocks
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
@@ -420,15 +424,23 @@ def scan_labels(separator: str | None, classes: int, labels: Callable[[], Iterab
                 near_rows: Callable[[], Iterable[dict[str, str]]] | None = None) -> LabelFacts:
     """The card's pass over the rows (the costly part of a card: the command line runs it beside the writing of
     the shards, before the manifest exists) for a version with ``classes`` classes and ``separator``."""
-    picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
     old_manifest = as_manifest(previous.manifest) if previous is not None else None
     old_separator = separator_of(old_manifest) if old_manifest is not None else None
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
     few = classes <= PAIR_CLASSES
-    quality = QualityScan(SAMPLE_CLASSES)
     near = NearDuplicateView.of(near_rows() if near_rows is not None else [])
-    scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
-                        pairs=separator is not None and few, labelsets=relabels, watchers=(quality, near))
+    columns = getattr(labels, "columns", None)  # a table that can be read as columns (single-label only)
+    scan = None
+    if columns is not None and not relabels:
+        picker, quality = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES), QualityScan(SAMPLE_CLASSES)
+        shown = copy.deepcopy(near)
+        with contextlib.suppress(Quoted, ValueError):  # not as columns: the rows, with fresh watchers
+            scan, near = scan_columns(columns, picker, quality, shown), shown
+    if scan is None:
+        picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
+        quality = QualityScan(SAMPLE_CLASSES)
+        scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
+                            pairs=separator is not None and few, labelsets=relabels, watchers=(quality, near))
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
         scan.count_pairs(labels(), separator, PAIR_CLASSES)
     facts = LabelFacts(separator, classes, old_manifest.version if old_manifest is not None else None, scan,

@@ -248,30 +248,50 @@ def _isin(values: Any, sorted_ref: Any) -> Any:
     return sorted_ref[at] == values
 
 
-def _examples(rows: Iterable[dict[str, str]], hashes: Any, targets: dict[str, Any],
+def _examples(lookup: Callable[[list[int]], Iterable[str]], hashes: Any, targets: dict[str, Any],
               k: int = EXAMPLES) -> dict[str, list[str]]:
     """For each target (sorted array of filename hashes), the ``k`` smallest matching file names. ``hashes``:
-    the filename hash of each row of ``rows``, in order (a scan's ``names``), so only the rows that match
-    are looked at."""
+    the filename hash of each row of a table, in order (a scan's ``names``); ``lookup(numbers)``: the file
+    names of its rows ``numbers`` (ascending), in that order (``names_at``), so only the rows that match are
+    looked at."""
     import numpy as np
 
     found: dict[str, list[str]] = {name: [] for name in targets}
     wanted = {name: set(np.flatnonzero(_isin(hashes, target)).tolist()) for name, target in targets.items()
               if len(target)}
-    every = set().union(*wanted.values()) if wanted else set()
-    if not every:
-        return found
-    last = max(every)
-    for number, row in enumerate(rows):
-        if number in every:
-            for name, numbers in wanted.items():
-                if number in numbers:
-                    found[name].append(row["filename"])
-                    if len(found[name]) > 64 * k:  # bounded: keep the smallest
-                        found[name] = heapq.nsmallest(k, found[name])
-        if number >= last:
-            break
+    every = sorted(set().union(*wanted.values())) if wanted else []
+    for number, filename in zip(every, lookup(every), strict=False):
+        for name, numbers in wanted.items():
+            if number in numbers:
+                found[name].append(filename)
+                if len(found[name]) > 64 * k:  # bounded: keep the smallest
+                    found[name] = heapq.nsmallest(k, found[name])
     return {name: heapq.nsmallest(k, names) for name, names in found.items()}
+
+
+def names_at(rows: Rows) -> Callable[[list[int]], Iterable[str]]:
+    """``numbers`` (row numbers, ascending) -> the file names of those rows of ``rows``, in that order: the rows'
+    own ``names_at`` where they have one (a table read as columns), else a pass over their names (``_names_of``)
+    that stops at the last number wanted."""
+    own = getattr(rows, "names_at", None)
+    if own is not None:
+        return own
+
+    return lambda numbers: names_in(_names_of(rows)(), numbers)
+
+
+def names_in(rows: Iterable[dict[str, str]], numbers: list[int]) -> Iterator[str]:
+    """The file names of ``rows``' rows ``numbers`` (ascending), in that order; stops at the last one."""
+    wanted = iter(numbers)
+    target = next(wanted, -1)
+    if target < 0:
+        return
+    for number, row in enumerate(rows):
+        if number == target:
+            yield row["filename"]
+            target = next(wanted, -1)
+            if target < 0:
+                return
 
 
 @dataclass
@@ -305,8 +325,8 @@ def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previou
         sets, old_sets = (np.frombuffer(b, dtype="<u8") for b in (current.labelsets, previous.labelsets))
         targets["relabelled"] = np.sort(names[known & ~_isin(sets, np.sort(old_sets))])
         relabelled = len(targets["relabelled"])
-    examples = _examples(_names_of(labels)(), names, targets)
-    examples |= _examples(_names_of(previous_labels)(), old_names, {"removed": removed})
+    examples = _examples(names_at(labels), names, targets)
+    examples |= _examples(names_at(previous_labels), old_names, {"removed": removed})
     return Diff(len(added), len(removed), len(changed), examples, relabelled)
 
 

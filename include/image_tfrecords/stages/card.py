@@ -7,8 +7,10 @@ import csv
 import hashlib
 import json
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from ..card.stats import names_in
 from ..config import BuildConfig
 from ..errors import DamagedFile
 from ..images.transform import record_image
@@ -18,6 +20,7 @@ from ..published.manifest import Manifest
 from ..source.reading import read_source
 from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
+from ..storage.csv_blocks import Block, Quoted, first_fields, table_blocks
 from ..storage.documents import field_end, list_rows, raw_rows, read_json, write_json
 
 if TYPE_CHECKING:
@@ -28,7 +31,8 @@ class _Rows:
     """A callable giving a fresh iterator over the CSV rows at ``uri`` each time (dicts made from plain
     lists: cheaper than DictReader's rows, and the card reads every row more than once); ``names()`` gives
     each row's file name alone (``{"filename": ...}``: the diff's examples need no more, and it is cut from
-    each row's text without splitting the rest)."""
+    each row's text without splitting the rest); ``columns()`` and ``names_at()`` read it as columns, for the card's
+    pass over every row (``card.label_columns``) and the diff's examples."""
 
     def __init__(self, storage: Storage, uri: str) -> None:
         self._storage, self._uri = storage, uri
@@ -49,6 +53,18 @@ class _Rows:
                 if text:
                     field = text[:field_end(text)]
                     yield {"filename": next(csv.reader([field]))[0] if field.startswith('"') else field}
+
+    def columns(self) -> AbstractContextManager[tuple[list[str], Iterator[Block]]]:
+        """The table as columns (``csv_blocks.table_blocks``: its header's names and its blocks)."""
+        return table_blocks(self._storage, self._uri)
+
+    def names_at(self, numbers: list[int]) -> Iterator[str]:
+        """The file names of rows ``numbers`` (ascending), in that order: cut from their lines where the table has
+        no quote (``csv_blocks.first_fields``), else a pass over ``names`` that stops at the last number."""
+        try:
+            return iter(first_fields(self._storage, self._uri, numbers))
+        except (Quoted, ValueError):
+            return names_in(self.names(), numbers)
 
 
 def _rows(storage: Storage, uri: str) -> _Rows:

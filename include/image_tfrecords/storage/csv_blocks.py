@@ -120,6 +120,21 @@ def blocks(storage: Storage, uri: str, header: str, block_bytes: int = BLOCK_BYT
     when its header is not ``header`` or the table holds a quote; ``header`` names the columns. A block with a row
     of another count of fields raises ``Ragged`` as it is read: a caller that wrote something of the blocks before
     it must not read the table again row by row."""
+    with _opened(storage, uri, header, block_bytes) as (_, found):
+        yield found
+
+
+@contextmanager
+def table_blocks(storage: Storage, uri: str, block_bytes: int = BLOCK_BYTES
+                 ) -> Iterator[tuple[list[str], Iterator[Block]]]:
+    """``blocks`` of a table whatever its columns: the names its header gives, and its blocks (``Quoted`` for a
+    header with a quote, as for a table with one)."""
+    with _opened(storage, uri, None, block_bytes) as (header, found):
+        yield header.split(","), found
+
+
+@contextmanager
+def _opened(storage: Storage, uri: str, header: str | None, block_bytes: int) -> Iterator[tuple[str, Iterator[Block]]]:
     with ExitStack() as stack:
         path = uri
         if is_s3(uri):
@@ -127,12 +142,42 @@ def blocks(storage: Storage, uri: str, header: str, block_bytes: int = BLOCK_BYT
             storage.download(uri, path)
         f = stack.enter_context(open(path, "rb"))
         first = f.readline()
-        if first.lstrip(b"\xef\xbb\xbf").rstrip(b"\n").decode("utf-8", "surrogateescape") != header:
+        found = first.lstrip(b"\xef\xbb\xbf").rstrip(b"\n").decode("utf-8", "surrogateescape")
+        if found != (found if header is None else header) or not found or '"' in found or "\r" in found:
             raise Quoted(f"{uri} has other columns")
         if _holds_quote(f, block_bytes):
             raise Quoted(f"{uri} holds a quoted field, a carriage return or a NUL")
         f.seek(len(first))
-        yield _read_blocks(f, header.count(",") + 1, block_bytes)
+        yield found, _read_blocks(f, found.count(",") + 1, block_bytes)
+
+
+def first_fields(storage: Storage, uri: str, numbers: list[int], block_bytes: int = BLOCK_BYTES) -> list[str]:
+    """The file names (first field) of the table's rows ``numbers`` (ascending; the first row after the header: 0),
+    in that order: lines counted, and only the wanted ones cut (the diff's few example names of a long table). ``Quoted``
+    if the table holds a quote, a carriage return or a NUL (a line is then not always a row)."""
+    found: list[str] = []
+    with ExitStack() as stack:
+        path = uri
+        if is_s3(uri):
+            path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "rows.csv")
+            storage.download(uri, path)
+        f = stack.enter_context(open(path, "rb"))
+        if not f.readline().lstrip(b"\xef\xbb\xbf").startswith(b"filename,"):
+            raise Quoted(f"{uri} does not begin with a filename column")
+        wanted, rest, first = iter(numbers), b"", 0
+        number = next(wanted, -1)
+        while number >= 0 and (chunk := f.read(block_bytes)):
+            if b'"' in chunk or b"\r" in chunk or b"\0" in chunk:
+                raise Quoted(f"{uri} holds a quoted field, a carriage return or a NUL")
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            while 0 <= number < first + len(lines):
+                found.append(lines[number - first].split(b",", 1)[0].decode("utf-8"))
+                number = next(wanted, -1)
+            first += len(lines)
+        if number >= 0 and rest and number == first:
+            found.append(rest.split(b",", 1)[0].decode("utf-8"))
+    return found
 
 
 def _holds_quote(f: Any, block_bytes: int) -> bool:
