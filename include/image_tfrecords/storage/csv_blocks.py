@@ -136,11 +136,7 @@ def table_blocks(storage: Storage, uri: str, block_bytes: int = BLOCK_BYTES
 @contextmanager
 def _opened(storage: Storage, uri: str, header: str | None, block_bytes: int) -> Iterator[tuple[str, Iterator[Block]]]:
     with ExitStack() as stack:
-        path = uri
-        if is_s3(uri):
-            path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "rows.csv")
-            storage.download(uri, path)
-        f = stack.enter_context(open(path, "rb"))
+        f = stack.enter_context(open(_local_path(stack, storage, uri), "rb"))
         first = f.readline()
         found = first.lstrip(b"\xef\xbb\xbf").rstrip(b"\n").decode("utf-8", "surrogateescape")
         if found != (found if header is None else header) or not found or '"' in found or "\r" in found:
@@ -153,15 +149,11 @@ def _opened(storage: Storage, uri: str, header: str | None, block_bytes: int) ->
 
 def first_fields(storage: Storage, uri: str, numbers: list[int], block_bytes: int = BLOCK_BYTES) -> list[str]:
     """The file names (first field) of the table's rows ``numbers`` (ascending; the first row after the header: 0),
-    in that order: lines counted, and only the wanted ones cut (the diff's few example names of a long table). ``Quoted``
-    if the table holds a quote, a carriage return or a NUL (a line is then not always a row)."""
+    in that order: lines counted, and only the wanted ones cut (the diff's few example names of a long table).
+    ``Quoted`` if the table holds a quote, a carriage return or a NUL (a line is then not always a row)."""
     found: list[str] = []
     with ExitStack() as stack:
-        path = uri
-        if is_s3(uri):
-            path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "rows.csv")
-            storage.download(uri, path)
-        f = stack.enter_context(open(path, "rb"))
+        f = stack.enter_context(open(_local_path(stack, storage, uri), "rb"))
         if not f.readline().lstrip(b"\xef\xbb\xbf").startswith(b"filename,"):
             raise Quoted(f"{uri} does not begin with a filename column")
         wanted, rest, first = iter(numbers), b"", 0
@@ -178,6 +170,15 @@ def first_fields(storage: Storage, uri: str, numbers: list[int], block_bytes: in
         if number >= 0 and rest and number == first:
             found.append(rest.split(b",", 1)[0].decode("utf-8"))
     return found
+
+
+def _local_path(stack: ExitStack, storage: Storage, uri: str) -> str:
+    """A local path to read ``uri`` from: itself, or an S3 object spooled into a folder ``stack`` removes."""
+    if not is_s3(uri):
+        return uri
+    path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "rows.csv")
+    storage.download(uri, path)
+    return path
 
 
 def _holds_quote(f: Any, block_bytes: int) -> bool:
