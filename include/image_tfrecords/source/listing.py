@@ -159,19 +159,28 @@ def bad_key(key: str) -> str:
 def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: datetime | None
              ) -> Iterator[FileInfo | Candidate]:
     """The listed regular files (FileInfo) and the rejects of what cannot be read (Candidate);
-    other kinds are counted as skipped."""
+    other kinds are counted as skipped. (``DiscoveryCounts.see`` inline: this runs once a listed file.)"""
     s3 = is_s3(source)
-    for info in storage.iter_files(source, everything=True):
-        if not counts.see(info, cutoff):
-            continue
-        if info.problem:
-            yield Candidate(info.key, num_bytes=info.size, reason=info.problem, detail=info.detail)
-        elif info.kind != "file":
-            counts.skip(info.kind)
-        elif s3 and (why := bad_key(info.key)):
-            yield Candidate(info.key, num_bytes=info.size, reason="bad_key", detail=why)
-        else:
-            yield info
+    fingerprint = counts.fingerprint.update
+    listed = 0
+    try:
+        for info in storage.iter_files(source, everything=True):
+            key, modified, problem = info.key, info.modified, info.problem
+            if cutoff is not None and modified > cutoff and not problem:
+                counts.after_cutoff += 1
+                continue
+            listed += 1
+            fingerprint(f"{key}\0{info.size}\0{modified.isoformat()}\0{info.kind}\0{problem}\n".encode())
+            if problem:
+                yield Candidate(key, num_bytes=info.size, reason=problem, detail=info.detail)
+            elif info.kind != "file":
+                counts.skip(info.kind)
+            elif s3 and (why := bad_key(key)):
+                yield Candidate(key, num_bytes=info.size, reason="bad_key", detail=why)
+            else:
+                yield info
+    finally:
+        counts.listed += listed
 
 
 def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,
@@ -179,13 +188,16 @@ def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,
     for info in _entries(storage, source, counts, cutoff):
         if isinstance(info, Candidate):
             yield info
-        elif not looks_like_image(info.key, modern):
-            counts.skip(_skip_kind(info.key))
-        elif "/" not in info.key:
-            yield Candidate(info.key, num_bytes=info.size, reason="no_label",
+            continue
+        key = info.key
+        slash = key.find("/")
+        if not looks_like_image(key, modern):
+            counts.skip(_skip_kind(key))
+        elif slash < 0:
+            yield Candidate(key, num_bytes=info.size, reason="no_label",
                             detail="image in the source root: put it in a class folder")
         else:
-            yield Candidate(info.key, label=info.key.split("/", 1)[0], num_bytes=info.size, stamp=info.stamp)
+            yield Candidate(key, key[:slash], info.size, stamp=info.stamp)
 
 
 def _safe_relative(filename: str) -> str | None:

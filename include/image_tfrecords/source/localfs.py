@@ -89,7 +89,10 @@ def _sorted_names(fd: int) -> list[str]:
             names.append(entry.name)
             if entry.is_dir(follow_symlinks=False):
                 folders.add(entry.name)
-    names.sort(key=lambda name: name + "/" if name in folders else name)
+    if folders:
+        names.sort(key=lambda name: name + "/" if name in folders else name)
+    else:  # a folder of files (a class folder): plain order
+        names.sort()
     return names
 
 
@@ -107,43 +110,57 @@ def walk(root: str) -> Iterator[FileInfo]:
     except BaseException:
         os.close(root_fd)
         raise
+    is_file, stat_of, moment = stat.S_ISREG, os.stat, datetime.fromtimestamp
     try:
         while stack:
             fd, prefix, names = stack[-1]
-            name = next(names, None)
-            if name is None:
+            for name in names:  # resumed where it was after a subfolder (its frame keeps the iterator)
+                key = prefix + name
+                try:
+                    st = stat_of(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:  # removed while listing
+                    continue
+                except OSError as exc:
+                    yield _entry(printable(key), problem="unreadable", detail=_why(exc))
+                    continue
+                if is_file(st.st_mode):  # the common case first: a regular file with a clean, short name
+                    try:
+                        short = len(key.encode()) <= MAX_KEY_BYTES  # (its folders' names are clean: they were entered)
+                    except UnicodeEncodeError:
+                        short = False
+                    if short:
+                        yield FileInfo(key, st.st_size, moment(st.st_mtime, UTC), "file", "", "", str(st.st_mtime_ns))
+                        continue
+                found = _other_entry(fd, name, key, st, len(stack))
+                if isinstance(found, FileInfo):
+                    yield found
+                elif found is not None:  # a subfolder: listed before the rest of this one
+                    stack.append(found)
+                    break
+            else:
                 os.close(fd)
                 stack.pop()
-                continue
-            key = prefix + name
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:  # removed while listing
-                continue
-            except OSError as exc:
-                yield _entry(printable(key), problem="unreadable", detail=_why(exc))
-                continue
-            kind = kind_of(st.st_mode)
-            if not is_clean_name(name):
-                folder = kind == "folder"
-                yield _entry(printable(key) + ("/" if folder else ""), kind=kind, problem="bad_filename",
-                            detail=f"{'folder ' if folder else ''}name is not valid UTF-8 (shown with \\x escapes)"
-                                   f"{'; nothing in it was read' if folder else ''}: rename it")
-            elif len(key.encode()) > MAX_KEY_BYTES:
-                yield _entry(key + ("/" if kind == "folder" else ""), problem="path_too_long",
-                            detail=f"path is longer than {MAX_KEY_BYTES} bytes")
-            elif kind == "folder":
-                child = _open_folder(fd, name, key, len(stack))
-                if isinstance(child, FileInfo):
-                    yield child
-                elif child is not None:
-                    stack.append(child)
-            else:
-                yield FileInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind, "", "",
-                               str(st.st_mtime_ns))
     finally:
         for fd, _, _ in stack:
             os.close(fd)
+
+
+def _other_entry(fd: int, name: str, key: str, st: os.stat_result, depth: int
+                 ) -> tuple[int, str, Iterator[str]] | FileInfo | None:
+    """What ``walk`` yields for an entry that is not a regular file with a clean, short name (or the frame of a
+    subfolder to enter, or None when it is gone)."""
+    kind = kind_of(st.st_mode)
+    if not is_clean_name(name):
+        folder = kind == "folder"
+        return _entry(printable(key) + ("/" if folder else ""), kind=kind, problem="bad_filename",
+                      detail=f"{'folder ' if folder else ''}name is not valid UTF-8 (shown with \\x escapes)"
+                             f"{'; nothing in it was read' if folder else ''}: rename it")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        return _entry(key + ("/" if kind == "folder" else ""), problem="path_too_long",
+                      detail=f"path is longer than {MAX_KEY_BYTES} bytes")
+    if kind == "folder":
+        return _open_folder(fd, name, key, depth)
+    return FileInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind, "", "", str(st.st_mtime_ns))
 
 
 def _open_folder(parent: int, name: str, key: str, depth: int) -> tuple[int, str, Iterator[str]] | FileInfo | None:

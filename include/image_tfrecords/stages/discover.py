@@ -19,6 +19,11 @@ from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, write_json
 
 
+def plain(text: str) -> bool:
+    """Whether ``text`` is a CSV field as it is (no comma, quote, line end; not empty)."""
+    return bool(text) and "," not in text and '"' not in text and "\n" not in text and "\r" not in text
+
+
 @summarized
 def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """List the source: candidate images to inspect, rejects, and skipped non-image files.
@@ -33,12 +38,17 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects, \
             RowWriter(storage, staged(cfg, METADATA), ("filename", *cfg.columns)) as metadata, \
             RowWriter(storage, staged(cfg, GROUPS), ("filename", "group")) as groups:
+        write_line = found.write_line
         for candidate in discover(storage, cfg.source, counts, cfg.cutoff, cfg.columns, cfg.label_separator,
                                   cfg.modern_formats, cfg.group_column):
             if candidate.reason:
                 rejects.write(vars(candidate))
             else:  # plain values: this runs over every file
-                found.write_values((candidate.filename, candidate.label, candidate.num_bytes, candidate.stamp))
+                name, label = candidate.filename, candidate.label
+                if plain(name) and plain(label):  # what write_values checks, once for the two texts
+                    write_line(f"{name},{label},{candidate.num_bytes},{candidate.stamp}\n")
+                else:
+                    found.write_values((name, label, candidate.num_bytes, candidate.stamp))
                 if cfg.columns:
                     metadata.write_values((candidate.filename, *candidate.values))
                 if cfg.group_column:
