@@ -61,16 +61,6 @@ class DiscoveryCounts:
     skipped_by_kind: Counter[str] = field(default_factory=Counter)  # symlink, fifo, ..., not_an_image_name
     fingerprint: Any = field(default_factory=hashlib.sha256)  # of every (name, size, mtime, kind) listed
 
-    def see(self, info: FileInfo, cutoff: datetime | None) -> bool:
-        """Count a listed entry; False if it is newer than the snapshot cutoff (then it is ignored)."""
-        if cutoff is not None and info.modified > cutoff and not info.problem:
-            self.after_cutoff += 1
-            return False
-        self.listed += 1
-        self.fingerprint.update(f"{info.key}\0{info.size}\0{info.modified.isoformat()}\0{info.kind}"
-                                f"\0{info.problem}\n".encode())
-        return True
-
     def skip(self, kind: str) -> None:
         self.skipped += 1
         self.skipped_by_kind[kind] += 1
