@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..images.quality import FLAGS, parse_flags
-from ..storage.csv_blocks import Block, Quoted
+from ..storage.csv_blocks import Block, Quoted, within
 from .near_duplicates import NearDuplicateView
 from .quality import _COLUMNS, WORST, ClassQuality, QualityScan
 from .stats import SCAN_BATCH, LabelScan, SamplePicker
@@ -128,7 +128,7 @@ def _offer_near(near: NearDuplicateView, block: Block, names: list[str], at: dic
     if not near.members:
         return
     members = np.array([name.encode("utf-8") for name in near.members])
-    rows = [_row(block, names, i) for i in np.flatnonzero(np.isin(block.column(at["filename"]), members)).tolist()]
+    rows = [_row(block, names, i) for i in np.flatnonzero(within(block.column(at["filename"]), members)).tolist()]
     if rows:
         near.offer_batch(rows, [])
 
@@ -220,7 +220,8 @@ class _QualityBatches:
             for flag in parsed[cell]:
                 quality.classes[cid][1].flags[flag] += n
         for flag in FLAGS:
-            having = np.flatnonzero(np.isin(cell_of, [c for c, flags in enumerate(parsed) if flag in flags]))
+            cells_with = np.array([c for c, flags in enumerate(parsed) if flag in flags], dtype=np.int64)
+            having = np.flatnonzero(within(cell_of, cells_with))
             if not len(having):
                 continue
             keys = -_badness(flag, values[places[having]], table[places[having]])

@@ -34,7 +34,7 @@ from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
 from ..storage import Storage, is_s3, join
-from ..storage.csv_blocks import Quoted, blocks
+from ..storage.csv_blocks import Quoted, blocks, within
 from ..storage.documents import csv_field, list_rows, raw_rows
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
@@ -288,7 +288,7 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
     try:
         with blocks(storage, path, ",".join(INSPECTION_FIELDS)) as parts:
             for part in parts:
-                rows = np.flatnonzero(~np.isin(part.column(reason), retried))  # those read again have no say
+                rows = np.flatnonzero(~within(part.column(reason), retried))  # those read again have no say
                 starts, stops = part.starts[rows, 0], part.stops[rows, -1]
                 keys = _key_digests(part.data, starts, part.stops[rows, 0], part.starts[rows, 1], part.stops[rows, 2])
                 known.update(zip(keys, ((part.offset + starts) << 32 | (stops - starts)).tolist(), strict=True))

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..storage import Storage
-from ..storage.csv_blocks import Quoted, blocks
+from ..storage.csv_blocks import Quoted, blocks, distinct, within
 
 
 def unit_hash(*parts: str) -> float:
@@ -118,10 +118,10 @@ class DuplicateResolver:
             content = np.frombuffer(prefixes, dtype=np.uint64) if prefixes else np.zeros(0, dtype=np.uint64)
             numbers = np.frombuffer(labels, dtype=np.int64) if labels else np.zeros(0, dtype=np.int64)
         ordered = np.sort(content)
-        shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # prefixes two rows or more hold
-        candidate = np.isin(content, shared) if len(shared) else np.zeros(len(content), dtype=bool)
+        shared = distinct(ordered[1:][ordered[1:] == ordered[:-1]])  # prefixes two rows or more hold
+        candidate = within(content, shared) if len(shared) else np.zeros(len(content), dtype=bool)
         names = {number: label for label, number in label_number.items()}
-        self._labels = {names[int(n)] for n in np.unique(numbers[~candidate])}  # unique content: kept
+        self._labels = {names[int(n)] for n in distinct(numbers[~candidate])}  # unique content: kept
         self._verdicts: dict[tuple[str, str], tuple[str, str]] = {}
         if len(shared):
             wanted = {int(p) for p in shared}

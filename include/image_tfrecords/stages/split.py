@@ -36,7 +36,7 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
-from ..storage.csv_blocks import Block, Quoted, blocks
+from ..storage.csv_blocks import Block, Quoted, blocks, within
 from ..storage.documents import RowWriter, list_rows, read_json, read_rows, write_json
 
 
@@ -220,7 +220,7 @@ def _block_records(run: _Run, part: Block) -> None:
     names, shas = part.column(col["filename"]), part.column(col["sha256"])
     kept = np.ones(len(part), dtype=bool)
     if verdicts := run.resolver.verdicts:  # the few files that share content with another
-        suspects = np.flatnonzero(np.isin(names, np.array([n.encode("utf-8", "surrogateescape")
+        suspects = np.flatnonzero(within(names, np.array([n.encode("utf-8", "surrogateescape")
                                                            for n, _ in verdicts], dtype=bytes)))
         for i in suspects.tolist():
             key = (names[i].decode("utf-8", "surrogateescape"), shas[i].decode())

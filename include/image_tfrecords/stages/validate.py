@@ -37,7 +37,7 @@ from ..staging import (
     staged_schema,
 )
 from ..storage import Storage
-from ..storage.csv_blocks import Quoted, blocks
+from ..storage.csv_blocks import Quoted, blocks, distinct
 from ..storage.documents import list_rows, read_json, read_rows, write_json
 
 
@@ -46,7 +46,7 @@ def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents
     SHA-256 prefixes, a numpy array; 8 bytes of memory per record)."""
     import numpy as np
 
-    seen = {split: np.unique(prefixes) for split, prefixes in contents.items()}
+    seen = {split: distinct(prefixes) for split, prefixes in contents.items()}
     names = sorted(seen)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
@@ -127,7 +127,7 @@ def _label_columns(cfg: BuildConfig, storage: Storage) -> tuple[Counter[str], Co
             for part in table:
                 named, prefixes = part.column(split_at), part.hex_prefixes(sha)
                 names = part.column(name)
-                for split in {value.decode("utf-8", "surrogateescape") for value in np.unique(named).tolist()}:
+                for split in {value.decode("utf-8", "surrogateescape") for value in distinct(named).tolist()}:
                     rows = named == split.encode()
                     counts[split] += int(rows.sum())
                     digests[split] += _name_hash_sum(names[rows].tolist())

@@ -114,6 +114,26 @@ class Block:
         return self.starts[:, first], self.stops[:, last]
 
 
+def distinct(values: Any) -> Any:
+    """``numpy.unique(values)``: the sorted distinct values, without its check for a masked array, whose first call
+    imports ``numpy.ma`` (20 ms of a 0.8 s night on this machine's one busy core)."""
+    import numpy as np
+
+    return np.unique(values, return_counts=True)[0]
+
+
+def within(values: Any, others: Any) -> Any:
+    """``numpy.isin(values, others)`` by a binary search of the sorted distinct ``others`` (numpy's own sorts them
+    with ``numpy.unique``, see ``distinct``)."""
+    import numpy as np
+
+    ref = distinct(others)
+    if not len(ref):
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(ref, values), len(ref) - 1)
+    return ref[at] == values
+
+
 @contextmanager
 def blocks(storage: Storage, uri: str, header: str, block_bytes: int = BLOCK_BYTES) -> Iterator[Iterator[Block]]:
     """The rows of the table at ``uri`` as ``Block``s (S3 objects are spooled to disk). ``Quoted`` (before any block)
