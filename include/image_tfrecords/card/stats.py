@@ -19,6 +19,8 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..storage.csv_blocks import within
+
 Rows = Callable[[], Iterable[dict[str, str]]]
 SAMPLES = 6
 EXAMPLES, REJECT_EXAMPLES = 10, 20
@@ -238,16 +240,6 @@ class LabelScan:
         return [(a, b, n) for (a, b), n in heapq.nsmallest(k, self.pairs.items(), key=lambda x: (-x[1], x[0]))]
 
 
-def _isin(values: Any, sorted_ref: Any) -> Any:
-    """Boolean mask: which of ``values`` occur in the sorted array ``sorted_ref``."""
-    import numpy as np
-
-    if not len(sorted_ref):
-        return np.zeros(len(values), dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_ref, values), len(sorted_ref) - 1)
-    return sorted_ref[at] == values
-
-
 def _examples(lookup: Callable[[list[int]], Iterable[str]], hashes: Any, targets: dict[str, Any],
               k: int = EXAMPLES) -> dict[str, list[str]]:
     """For each target (sorted array of filename hashes), the ``k`` smallest matching file names. ``hashes``:
@@ -257,7 +249,7 @@ def _examples(lookup: Callable[[list[int]], Iterable[str]], hashes: Any, targets
     import numpy as np
 
     found: dict[str, list[str]] = {name: [] for name in targets}
-    wanted = {name: set(np.flatnonzero(_isin(hashes, target)).tolist()) for name, target in targets.items()
+    wanted = {name: set(np.flatnonzero(within(hashes, target)).tolist()) for name, target in targets.items()
               if len(target)}
     every = sorted(set().union(*wanted.values())) if wanted else []
     for number, filename in zip(every, lookup(every), strict=False):
@@ -315,15 +307,15 @@ def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previou
 
     names, contents = (np.frombuffer(b, dtype="<u8") for b in (current.names, current.contents))
     old_names, old_contents = (np.frombuffer(b, dtype="<u8") for b in (previous.names, previous.contents))
-    known = _isin(names, np.sort(old_names))
+    known = within(names, old_names)
     added = np.sort(names[~known])
-    changed = np.sort(names[known & ~_isin(contents, np.sort(old_contents))])
-    removed = np.sort(old_names[~_isin(old_names, np.sort(names))])
+    changed = np.sort(names[known & ~within(contents, old_contents)])
+    removed = np.sort(old_names[~within(old_names, names)])
     targets = {"added": added, "changed": changed}
     relabelled = None
     if current.hashed_labelsets and previous.hashed_labelsets:
         sets, old_sets = (np.frombuffer(b, dtype="<u8") for b in (current.labelsets, previous.labelsets))
-        targets["relabelled"] = np.sort(names[known & ~_isin(sets, np.sort(old_sets))])
+        targets["relabelled"] = np.sort(names[known & ~within(sets, old_sets)])
         relabelled = len(targets["relabelled"])
     examples = _examples(names_at(labels), names, targets)
     examples |= _examples(names_at(previous_labels), old_names, {"removed": removed})
