@@ -18,9 +18,9 @@ from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.parallel import process_pool
 from image_tfrecords.shards import splice
-from image_tfrecords.shards.proofs import PROOFS, Prover, proven
+from image_tfrecords.shards.proofs import PROOFS, STATES, Prover, proof_states, proven
 from image_tfrecords.staging import PLAN, staged
-from image_tfrecords.storage import Storage, join
+from image_tfrecords.storage import Storage, join, sha256_states
 from image_tfrecords.storage.documents import read_json
 from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read
 from tests.pipeline.test_splice import _splice_again, _splices_are_the_reference, night
@@ -50,6 +50,66 @@ def test_proven_bases_splice_to_the_reference_without_hashing_them_again(tmp_pat
     _splices_are_the_reference(storage, cfg, plan["rewrite"])  # byte for byte, digest and index included
     for shard, origin in sorted(plan["rewrite"].items()):  # and each of them took its proof
         assert _splice_again(storage, cfg, shard, origin)["base_proven_ahead"] is True, shard
+
+
+needs_states = pytest.mark.skipif(not sha256_states.available(), reason="no libcrypto with SHA256_* calls here")
+
+
+@needs_states
+def test_a_splice_starts_its_digest_from_the_provers_last_state_before_its_first_drop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prover saves its SHA-256 state every ``STATE_EVERY`` bytes (4 KiB here); a splice of a proven base
+    resumes the new shard's digest from the last one before the end of the prefix it shares with its base, and
+    its shard, digest and index are still the record-by-record reference's."""
+    monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    _prove(cfg, storage)
+    resumed: list[tuple[int, int]] = []
+    real = sha256_states.resumed
+
+    def spy(states: bytes, upto: int, every: int) -> tuple[Any, int]:
+        digest, offset = real(states, upto, every)
+        resumed.append((upto, offset))
+        return digest, offset
+
+    monkeypatch.setattr(sha256_states, "resumed", spy)
+    _splices_are_the_reference(storage, cfg, plan["rewrite"])
+    prefixes = [origin for origin in plan["rewrite"].values() if origin["runs"] and origin["runs"][0][0] == 0]
+    assert prefixes and len(resumed) == len(prefixes)  # each splice that shares a prefix with its base
+    assert all(upto - 4096 < offset <= upto for upto, offset in resumed), resumed
+    assert any(offset > 0 for _, offset in resumed), resumed
+
+
+@needs_states
+def test_saved_states_that_are_not_the_provers_are_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """States altered after the prover staged them (their digest is in its proof), or saved at another spacing,
+    are not taken: the splice hashes its prefix itself, and is still the reference."""
+    monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    _prove(cfg, storage)
+    altered = 0
+    for origin in plan["rewrite"].values():
+        uri = staged(cfg, STATES, origin["file"])
+        if not storage.exists(uri):
+            continue
+        assert proof_states(cfg, storage, origin) is not None
+        monkeypatch.setattr(sha256_states, "STATE_EVERY", 8192)
+        assert proof_states(cfg, storage, origin) is None  # saved at another spacing
+        monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
+        data = bytearray(storage.read_bytes(uri))
+        data[len(data) // 2] ^= 0x01
+        storage.write_bytes(uri, bytes(data))
+        assert proof_states(cfg, storage, origin) is None
+        altered += 1
+    assert altered
+
+    def never(*_: Any) -> Any:
+        raise AssertionError("a state that is not the prover's was resumed")
+
+    monkeypatch.setattr(sha256_states, "resumed", never)
+    _splices_are_the_reference(storage, cfg, plan["rewrite"])
 
 
 def test_a_base_damaged_before_the_prover_reads_it_is_not_proven(tmp_path: Path) -> None:
@@ -236,6 +296,7 @@ def test_a_night_on_a_pool_proves_its_bases_and_equals_the_full_build(tmp_path: 
     before it is stopped, so every base shard is proven), and the version is the full build's, record for record."""
     storage, source, dest = pool_night(tmp_path)
     let_provers_finish(monkeypatch)
+    monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)  # states saved in the pool, splices resumed from them
     cfg = config(source.uri, dest, "d", "v2")
     with process_pool(2) as pool:
         result = stages.run_pipeline(cfg, storage, pool=pool, workers=2)

@@ -10,8 +10,11 @@ stages run, and is stopped before the first stage that uses them, whatever it go
 ``stages.prove_stage`` as a task beside those stages instead, which stops once the attempt's plan is staged).
 It stages what it proved (``proofs.json``): for each shard that hashed to its published digest, the file's
 identity when it did (``identity``: device, inode, size, modification and change times), with this machine's
-boot id (``host``). A splice or a reuse on this machine that finds its base with that same identity takes the
-proof instead of hashing the base again (a splice checks the identity once more after its copy); any other (a
+boot id (``host``), and the SHA-256 states saved every MiB as it hashed (``storage.sha256_states``, staged in
+``proof-states/``, named in the proof by their own digest). A splice or a reuse on this machine that finds its
+base with that same identity takes the proof instead of hashing the base again (a splice checks the identity
+once more after its copy), and a splice starts its new shard's digest from the last state before the first
+record it drops, where the prefix it shares with its base ends; any other (a
 shard not reached, a file replaced, touched or rewritten since, an S3 destination, a task on another machine)
 is hashed where it is used, as before. A shard that did not hash to its digest is only left unproven: the stage
 that uses it finds the damage itself and says so. Files are read into one buffer, not mapped: a bad sector, or
@@ -26,6 +29,7 @@ object's lock.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -43,12 +47,14 @@ from ..progress import log
 from ..records.schema import schema_of
 from ..rules.base_version import base_of, why_not_reuse_shards
 from ..staging import staged
-from ..storage import Storage, is_s3, join
-from ..storage.base import sha256_read
+from ..storage import Storage, is_s3, join, sha256_states
+from ..storage.base import read_chunks, sha256_read
 from ..storage.documents import read_json, write_json
 
 PROOFS = "proofs.json"  # in the build's staging prefix
 STOP_FLAG = "stop"  # in the pool prover's temporary folder: its jobs stop when it appears
+STATES = "proof-states"  # in the staging prefix: each proven shard's saved SHA-256 states (storage.sha256_states)
+Held = tuple[str, list[int], bytes]  # a hashed shard's digest, identity and saved states
 
 
 def identity(stat: os.stat_result) -> list[int]:
@@ -82,11 +88,33 @@ def prepared_entry(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -
 def proven(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> list[int] | None:
     """The identity of the base shard ``origin`` (a plan's ``{"version", "file", "sha256", ...}``) when this
     build's prover proved it; None when it did not (or none ran)."""
+    entry = _proof(cfg, storage, origin)
+    return list(entry["identity"]) if entry else None
+
+
+def proof_states(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> tuple[bytes, int] | None:
+    """The SHA-256 states this build's prover saved while it proved the base shard ``origin`` and the bytes
+    between them (``storage.sha256_states``); None when it saved none, or they are not the ones it named."""
+    entry = _proof(cfg, storage, origin)
+    saved = entry.get("states") if entry else None
+    if not isinstance(saved, dict) or saved.get("every") != sha256_states.STATE_EVERY or \
+            not sha256_states.available():
+        return None
+    try:
+        states = storage.read_bytes(staged(cfg, STATES, origin["file"]))
+    except OSError:
+        return None
+    return (states, saved["every"]) if hashlib.sha256(states).hexdigest() == saved.get("sha256") else None
+
+
+def _proof(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> dict[str, Any] | None:
+    """This build's prover's proof of the base shard ``origin``; None when it has none."""
     try:
         proofs = read_json(storage, staged(cfg, PROOFS))
         entry = proofs["shards"].get(origin["file"]) if (proofs.get("version"), proofs.get("host")) == \
             (origin["version"], host()) else None
-        return list(entry["identity"]) if entry and entry.get("sha256") == origin["sha256"] else None
+        return entry if isinstance(entry, dict) and entry.get("sha256") == origin["sha256"] and \
+            isinstance(entry.get("identity"), list) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none staged, or not what a prover stages
         return None
 
@@ -101,6 +129,7 @@ class Prover:
         self.version: str | None = None
         self.shards: list[tuple[str, str, int]] = []  # (file, sha256, bytes) of each base shard
         self.proofs: dict[str, dict[str, Any]] = {}
+        self.states: dict[str, bytes] = {}  # base shard file -> its saved SHA-256 states (sha256_states)
         self.bytes_hashed, self.seconds, self.failed = 0, 0.0, ""
         self._stop = threading.Event()
         self._until: Callable[[], bool] = lambda: False
@@ -230,10 +259,10 @@ class Prover:
                 self.failed = self.failed or f"{type(exc).__name__}: {exc}"
                 held = None
             if held is not None:
-                digest, ident, read = held
+                digest, ident, states, read = held
                 self.bytes_hashed += read
                 if digest == sha256:
-                    self.proofs[file] = {"sha256": sha256, "identity": ident}
+                    self._proved(file, sha256, ident, states)
             self.seconds = time.perf_counter() - self._started
             self._submit_next()
 
@@ -248,15 +277,22 @@ class Prover:
                     break
                 if (held := self._prove(join(self.cfg.dataset_uri, self.version or "", file), num_bytes)) is None:
                     continue
-                digest, ident = held
+                digest, ident, states = held
                 if digest == sha256:
-                    self.proofs[file] = {"sha256": sha256, "identity": ident}
+                    self._proved(file, sha256, ident, states)
         except Exception as exc:  # only a head start: the shards are hashed where they are used
             self.failed = f"{type(exc).__name__}: {exc}"  # told by ``stop``: this thread logs nothing (see above)
         finally:
             self.seconds = time.perf_counter() - started
 
-    def _prove(self, path: str, num_bytes: int) -> tuple[str, list[int]] | None:
+    def _proved(self, file: str, sha256: str, ident: list[int], states: bytes) -> None:
+        self.proofs[file] = {"sha256": sha256, "identity": ident}
+        if states:
+            self.proofs[file]["states"] = {"every": sha256_states.STATE_EVERY,
+                                           "sha256": hashlib.sha256(states).hexdigest()}
+            self.states[file] = states
+
+    def _prove(self, path: str, num_bytes: int) -> Held | None:
         """``_hash_shard`` of the file at ``path``, stopping when this prover is stopped; counts the bytes read."""
         held, read = _hash_shard(path, num_bytes, self._stopped)
         self.bytes_hashed += read
@@ -275,6 +311,8 @@ class Prover:
         if not self.shards:
             return {"proven": 0, "of": 0}
         try:
+            for file, states in self.states.items():  # (before the proofs that name them)
+                self.storage.write_bytes(staged(self.cfg, STATES, file), states)
             write_json(self.storage, staged(self.cfg, PROOFS),
                        {"version": self.version, "host": host(), "shards": self.proofs, "prepared": self.prepared})
         except OSError as exc:  # only a head start: never a reason for a build to fail
@@ -309,26 +347,31 @@ class Prover:
             self._thread = None
 
 
-def prove_file(path: str, num_bytes: int, stop_flag: str) -> tuple[str, list[int], int] | None:
+def prove_file(path: str, num_bytes: int, stop_flag: str) -> tuple[str, list[int], bytes, int] | None:
     """In a pool's process: ``_hash_shard`` of the file at ``path`` and the bytes read, or None; stops when
     ``stop_flag`` exists (asked between chunks)."""
     held, read = _hash_shard(path, num_bytes, lambda: os.path.exists(stop_flag))
     return None if held is None else (*held, read)
 
 
-def _hash_shard(path: str, num_bytes: int, stopped: Callable[[], bool]) -> tuple[tuple[str, list[int]] | None, int]:
-    """The SHA-256 of the file at ``path`` and its identity before it was read (None when it is not ``num_bytes``
-    long, is missing or unreadable, changed while it was read, or ``stopped()`` became true before its end), and
-    the bytes read. Read into one buffer, not mapped: a bad sector or a file cut short while it is read is an
-    error here, not a SIGBUS."""
+def _hash_shard(path: str, num_bytes: int, stopped: Callable[[], bool]) -> tuple[Held | None, int]:
+    """The SHA-256 of the file at ``path``, its identity before it was read and its saved SHA-256 states
+    (``storage.sha256_states``; empty where they cannot be saved) (None when it is not ``num_bytes`` long, is
+    missing or unreadable, changed while it was read, or ``stopped()`` became true before its end), and the bytes
+    read. Read into one buffer, not mapped: a bad sector or a file cut short while it is read is an error here,
+    not a SIGBUS."""
     try:
         with open(path, "rb", buffering=0) as file:
             stat = os.fstat(file.fileno())
             if stat.st_size != num_bytes or not num_bytes:
                 return None, 0
-            digest, read = sha256_read(file, stopped)
+            if sha256_states.available():
+                digest, states = sha256_states.hash_with_states(read_chunks(file, stopped))
+                read = file.tell()
+            else:
+                (digest, read), states = sha256_read(file, stopped), b""
             if read != num_bytes or identity(os.fstat(file.fileno())) != identity(stat):  # cut short, or changed
                 return None, read
-            return (digest.hexdigest(), identity(stat)), read
+            return (digest.hexdigest(), identity(stat), states), read
     except (OSError, ValueError):
         return None, 0

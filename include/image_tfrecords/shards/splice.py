@@ -10,7 +10,9 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
   taken in that same pass, then over the new records); the bytes before the first record the night
   drops are the same in both, and are hashed once (the new digest starts from a copy of that state).
   A base this build proved ahead (``shards.proofs``: hashed while the metadata stages ran, and still
-  the same file, unchanged since) is not hashed again: only the new shard's bytes are;
+  the same file, unchanged since) is not hashed again: only the new shard's bytes are, from the last SHA-256
+  state the prover saved before the first record dropped (``storage.sha256_states``: at most 1 MiB of the
+  prefix is hashed again);
 * the base's ``.tfindex`` is proven by the SHA-256 its version published, and the framing of the first
   record of each kept run is checked against it (length and its CRC; every kept record's, for a base from
   before index digests): the records in between are where the proven index says, in proven bytes;
@@ -52,13 +54,13 @@ from ..progress import log
 from ..published import layout
 from ..records.tfrecord import TFRecordWriter, masked_crc
 from ..staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
-from ..storage import Storage, is_s3, join
+from ..storage import Storage, is_s3, join, sha256_states
 from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
 from ..storage.writeback import start_writeback
 from .checks import match_member, member_names, member_rows, record_facts, set_digest
 from .prepare import take_prepared
-from .proofs import identity, prepared_entry, proven
+from .proofs import identity, prepared_entry, proof_states, proven
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
@@ -204,14 +206,17 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         # base's: that prefix is hashed once, and the new digest starts from a copy of its state. A base proven ahead
         # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them.
         prefix = ends[runs[0][1] - 1] if runs and runs[0][0] == 0 else 0
+        states = proof_states(cfg, storage, origin) if ahead and prefix else None
         base_digest, after_prefix = hashlib.sha256(), threading.Event()
         shared: list[Any] = []
 
         def hash_base() -> None:
-            if ahead:
-                kept_digest = hashlib.sha256()
+            if ahead:  # the prefix from the prover's last state before its end (where it saved states)
+                kept_digest, done = sha256_states.resumed(states[0], prefix, states[1]) if states else \
+                    (hashlib.sha256(), 0)
                 for start, stop in runs:
-                    kept_digest.update(view[first_bytes[start]:ends[stop - 1]])
+                    if ends[stop - 1] > done:
+                        kept_digest.update(view[max(first_bytes[start], done):ends[stop - 1]])
                 shared.append(kept_digest)
                 return
             try:

@@ -87,18 +87,25 @@ def sha256_file(path: str) -> str:
         return sha256_read(f)[0].hexdigest()
 
 
-def sha256_read(file: BinaryIO, stopped: Callable[[], bool] = lambda: False) -> tuple[Any, int]:
-    """The SHA-256 (a ``hashlib`` object) of what the unbuffered ``file`` holds from where it is to its end, and
-    the bytes read; ``stopped()``, asked before each read, ends it early. Read into one buffer in chunks of up to
-    8 MiB: ``hashlib`` hashes each outside the GIL, and threads that hash side by side (the reuse stage's, the
-    prover's beside the metadata stages) then seldom wait to take the GIL back while another thread runs
-    Python, as they did after every 1 MiB read. A read error is an ``OSError``, never a SIGBUS (as under a map)."""
-    digest, read = hashlib.sha256(), 0
+def read_chunks(file: BinaryIO, stopped: Callable[[], bool] = lambda: False) -> Iterator[memoryview]:
+    """What the unbuffered ``file`` holds from where it is to its end, read into one buffer in chunks of up to
+    8 MiB (each chunk is valid until the next is asked for); ``stopped()``, asked before each read, ends it early.
+    A read error is an ``OSError``, never a SIGBUS (as under a map)."""
     buffer = bytearray(max(1, min(HASH_CHUNK, os.fstat(file.fileno()).st_size + 1)))
     with memoryview(buffer) as view:
         while not stopped() and (size := file.readinto(buffer)):
-            digest.update(view[:size])
-            read += size
+            yield view[:size]
+
+
+def sha256_read(file: BinaryIO, stopped: Callable[[], bool] = lambda: False) -> tuple[Any, int]:
+    """The SHA-256 (a ``hashlib`` object) of what the unbuffered ``file`` holds from where it is to its end, and
+    the bytes read (``read_chunks``). ``hashlib`` hashes each 8 MiB chunk outside the GIL, and threads that hash
+    side by side (the reuse stage's, the prover's beside the metadata stages) then seldom wait to take the GIL
+    back while another thread runs Python, as they did after every 1 MiB read."""
+    digest, read = hashlib.sha256(), 0
+    for chunk in read_chunks(file, stopped):
+        digest.update(chunk)
+        read += len(chunk)
     return digest, read
 
 
