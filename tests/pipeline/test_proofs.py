@@ -144,14 +144,17 @@ def test_a_proven_base_edited_while_it_is_spliced_is_not_trusted(tmp_path: Path,
     _prove(cfg, storage)
     shard, origin = sorted(read_json(storage, staged(cfg, PLAN))["rewrite"].items())[0]
     old = _base_file(cfg, origin)
-    copy = splice._copy_range
 
-    def copy_then_edit(*args: Any) -> None:
-        copy(*args)
-        with open(old, "r+b") as f:
-            f.seek(0)
-            f.write(f.read(1))  # the same byte again: only the times say it was written
-    monkeypatch.setattr(splice, "_copy_range", copy_then_edit)
+    def then_edit(copy: Any) -> Any:
+        def copy_then_edit(*args: Any) -> None:
+            copy(*args)
+            with open(old, "r+b") as f:
+                f.seek(0)
+                f.write(f.read(1))  # the same byte again: only the times say it was written
+        return copy_then_edit
+
+    for name in ("_copy_range", "_write_hashed"):  # the kernel's copy, or the pass that hashes and writes
+        monkeypatch.setattr(splice, name, then_edit(getattr(splice, name)))
     checked = _splice_again(storage, cfg, shard, origin)
     assert checked.get("fallback") == f"{old} changed while it was spliced", checked
 

@@ -19,10 +19,12 @@ import pytest
 from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.published import layout
+from image_tfrecords.shards import splice
+from image_tfrecords.shards.proofs import Prover
 from image_tfrecords.shards.splice import splice_shard
 from image_tfrecords.shards.writer import rewrite_shard
 from image_tfrecords.staging import PLAN, RECEIPTS, SHARDS, staged
-from image_tfrecords.storage import Storage, join
+from image_tfrecords.storage import Storage, join, sha256_states
 from image_tfrecords.storage.documents import read_json
 from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read
 
@@ -79,6 +81,38 @@ def _splices_are_the_reference(storage: Storage, cfg: BuildConfig, rewrites: dic
         assert checked["bytes_copied"] + checked["bytes_written"] == checked["num_bytes"] == len(got[0])
         assert checked["bytes_copied"] <= checked["bytes_kept"] <= checked["num_bytes"]
         assert checked["base_bytes_read"] == origin["num_bytes"]
+
+
+@pytest.mark.parametrize("proven_ahead", [False, True])
+@pytest.mark.parametrize("kernel_copies", [False, True])
+def test_spliced_shards_are_the_reference_whichever_way_their_kept_bytes_are_copied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copies: bool, proven_ahead: bool) -> None:
+    """Where copy_file_range shares blocks or copies on a server (XFS, btrfs, NFS) the kernel copies the kept bytes
+    while a thread hashes the new shard; where it copies page by page (ext4, tmpfs) they are written from the pass
+    that hashes them. Both give the reference, from a base hashed in the splice or proven ahead (whose saved
+    SHA-256 states the new digest resumes from)."""
+    monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
+    monkeypatch.setattr(splice, "copies_pages", lambda *_: not kernel_copies)
+    calls = {"_copy_range": 0, "_write_hashed": 0}
+    for name in calls:
+        real = getattr(splice, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(splice, name, counted)
+    storage, _, cfg = night(tmp_path)
+    rewrites = read_json(storage, staged(cfg, PLAN))["rewrite"]
+    if proven_ahead:
+        found = read_json(storage, staged(cfg, "discover.json"))
+        prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
+        prover.run()
+        assert prover.stop()["proven"] == len(prover.shards)
+    _splices_are_the_reference(storage, cfg, rewrites)
+    runs = sum(len(origin["runs"]) for origin in rewrites.values())
+    assert calls == ({"_copy_range": runs, "_write_hashed": 0} if kernel_copies else
+                     {"_copy_range": 0, "_write_hashed": runs}), calls
 
 
 def test_splices_that_share_no_prefix_or_all_of_it_with_the_base_are_the_reference(tmp_path: Path) -> None:
@@ -227,5 +261,6 @@ def test_without_copy_file_range_the_bytes_are_written(tmp_path: Path, monkeypat
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(os, "copy_file_range", refuse)
+    monkeypatch.setattr(splice, "copies_pages", lambda *_: False)  # as on a file system that shares blocks
     checked = _splice_again(storage, cfg, shard, origin)
     assert Path(shard_uri).read_bytes() == want and "fallback" not in checked

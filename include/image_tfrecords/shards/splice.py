@@ -57,13 +57,14 @@ from ..staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progres
 from ..storage import Storage, is_s3, join, sha256_states
 from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
-from ..storage.writeback import start_writeback
+from ..storage.writeback import copies_pages, start_writeback
 from .checks import match_member, member_names, member_rows, record_facts, set_digest
 from .prepare import take_prepared
 from .proofs import identity, prepared_entry, proof_states, proven
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
+WRITE_PIECE = 1 << 18  # bytes hashed then written at a time (in the CPU's cache between the two)
 
 
 class DamagedBase(Exception):
@@ -226,7 +227,17 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 after_prefix.set()
             base_digest.update(view[prefix:])
 
-        hashing = threading.Thread(target=hash_base)
+        # Where the kernel copies page by page (ext4, tmpfs), the kept bytes are written from the pass that hashes the
+        # new shard, a piece at a time while it is in the CPU's cache, instead of read twice (measured on the
+        # 100,000-image night: write stage 3.62 -> 3.28 s, medians of 3 taking turns); where copy_file_range shares
+        # blocks or copies on a server, the kernel copies them while the new shard is hashed beside.
+        written_here = not remote and prepared is None and copies_pages(stat.st_dev, os.stat(tmp).st_dev)
+        done = prefix  # the new digest's bytes before this are the base's, hashed by the thread below
+        if written_here and ahead:  # no thread: the writing pass takes the new digest from the prover's state on
+            kept_digest, done = sha256_states.resumed(states[0], prefix, states[1]) if states else \
+                (hashlib.sha256(), 0)
+            shared.append(kept_digest)
+        hashing = threading.Thread(target=hash_base if not (written_here and ahead) else lambda: None)
         hashing.start()
         try:
             _check_framing(view, starts, lengths, _framed(runs, bool(origin.get("index_sha256"))))
@@ -238,6 +249,12 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 first, last = first_bytes[start], ends[stop - 1]
                 if remote:
                     segments.append(Segment(last - first, _reader(base.fileno(), first), old, first))
+                elif written_here:  # (the prefix while the thread hashes it; the rest once its state is taken)
+                    in_prefix = not ahead and last <= prefix
+                    if not ahead and not in_prefix:
+                        after_prefix.wait()
+                    _write_hashed(view, out.fileno(), first, last, written,
+                                  shared[0] if shared and not in_prefix else None, done)
                 elif prepared is None:
                     _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
                 offsets += zip((starts[start:stop] + (written - first)).tolist(), lengths[start:stop].tolist(),
@@ -245,7 +262,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 written += last - first
             if not remote and prepared is None:  # the disk writes the kept bytes while this process hashes
                 start_writeback(out.fileno(), 0, written)
-            if not ahead:
+            if not ahead and not written_here:
                 after_prefix.wait()
                 if shared:
                     for start, stop in runs:
@@ -295,6 +312,19 @@ def _drop_cached(fd: int) -> None:
     night reads, is what should stay cached. Only a cost: a reader of the previous version reads from disk."""
     with contextlib.suppress(AttributeError, OSError):  # no posix_fadvise (not Linux), or a file system without it
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _write_hashed(view: memoryview, target: int, first: int, last: int, at: int, digest: Any, hashed: int) -> None:
+    """Write ``view[first:last]`` at ``at`` in ``target``, a piece at a time, each piece's bytes from ``hashed`` on
+    also into ``digest`` (None: nothing to hash) while they are in the CPU's cache."""
+    while first < last:
+        end = min(last, first + WRITE_PIECE)
+        if digest is not None and end > hashed:
+            digest.update(view[max(first, hashed):end])
+        done = os.pwrite(target, view[first:end], at)
+        if done <= 0:
+            raise OSError(f"a write of {end - first} bytes wrote {done}")
+        first, at = first + done, at + done
 
 
 def _reader(fd: int, at: int) -> Reader:
