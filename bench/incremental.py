@@ -367,7 +367,7 @@ def _write_floor(r: dict[str, Any]) -> str:
     rates, build, cores = r["write_rates"], r["incremental"]["build"], r.get("workers", 2)
     hashed = build.get("base_bytes_read", 0) + build.get("bytes_kept", 0)
     hashing = hashed / 1e9 / rates["hash_gb_per_cpu_s"]
-    copying = build.get("bytes_copied", 0) / 1e9 / rates["copy_gb_per_cpu_s"]
+    copying = build.get("bytes_kept", 0) / 1e9 / rates["copy_gb_per_cpu_s"]  # by the kernel, or by a worker
     return (f"{rates['hash_gb_per_cpu_s']:.2f} / {rates['copy_gb_per_cpu_s']:.2f} ({rates['copy_gb_per_s']:.2f} GB/s); "
             f"{hashing:.2f} + {copying:.2f} CPU-s, **{(hashing + copying) / cores:.2f} s** on {cores} cores "
             f"(write stage {r['incremental'].get('stages', {}).get('write', float('nan')):.2f} s)")
@@ -491,18 +491,21 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         "temporary files (member lists, receipts) are not counted. Records parsed, MB of base shards "
         "read, kept, copied and written: the manifest's `build` (`records_parsed`, `base_bytes_read`, `bytes_kept`, "
         "`bytes_copied`, `bytes_written`). A spliced shard is its base shard's kept byte ranges plus its new records; "
-        "locally the kept ranges are copied by the kernel (`os.copy_file_range`), on S3 by the store (a run shorter "
-        "than a part may be uploaded); the base is read once, to prove its SHA-256 and to take the new shard's, "
-        "then dropped from the page cache. A base shard proven ahead (the CLI summary's \"base shards proven "
+        "locally the kept ranges are copied by the kernel (`os.copy_file_range`) where the file system shares blocks "
+        "or copies on a server (XFS, btrfs, NFS), and written by the worker from the pass that hashes them where "
+        "it would copy page by page (ext4, tmpfs: then `bytes_copied` is 0), on S3 copied by the store (a run "
+        "shorter than a part may be uploaded); the base is read once, to prove its SHA-256 and to take the new "
+        "shard's, then dropped from the page cache. A base shard proven ahead (the CLI summary's \"base shards proven "
         "ahead\": hashed in the pool's processes, `--workers` - 1 at a time, while inspect's join, split and plan "
         "keep one core busy) is not hashed again: the splice hashes only the new shard; with `--workers` 4 or more "
         "the kept bytes are also copied ahead beside split and plan (\"kept bytes of N copied ahead\"), and a "
         "splice that takes such a copy does not copy them again. This machine's rates: SHA-256 of the base "
         "version's shards on one thread, and `os.copy_file_range` of them into new files two at a time, in GB "
         "per CPU-second of user and system time, measured after night 2 on night01's shards from the page cache; "
-        "the CPU-seconds are the night's hashing (`base_bytes_read` + `bytes_kept`) and copying (`bytes_copied`) at "
-        "those rates, "
-        "divided by the builds' `--workers` cores: what the write stage of this design cannot go below here. Stage "
+        "the CPU-seconds are the night's hashing (`base_bytes_read` + `bytes_kept`; a splice of a base proven ahead "
+        "resumes from the prover's saved SHA-256 state, so less than that) and copying or writing (`bytes_kept`) at "
+        "those rates, divided by the builds' `--workers` cores: about what the write stage of this design costs "
+        "here. Stage "
         "seconds are the CLI summary's, per row of the version's labels.csv.", "",
     ]
     for n in sizes:

@@ -23,7 +23,7 @@ from image_tfrecords.shards import splice
 from image_tfrecords.shards.proofs import Prover
 from image_tfrecords.shards.splice import splice_shard
 from image_tfrecords.shards.writer import rewrite_shard
-from image_tfrecords.staging import PLAN, RECEIPTS, SHARDS, staged
+from image_tfrecords.staging import CHECKED, PLAN, RECEIPTS, SHARDS, staged
 from image_tfrecords.storage import Storage, join, sha256_states
 from image_tfrecords.storage.documents import read_json
 from tests.pipeline.test_incremental import Images, add, base_source, build, check_version, config, read
@@ -110,6 +110,10 @@ def test_spliced_shards_are_the_reference_whichever_way_their_kept_bytes_are_cop
         prover.run()
         assert prover.stop()["proven"] == len(prover.shards)
     _splices_are_the_reference(storage, cfg, rewrites)
+    for shard in rewrites:  # the kept bytes: copied by the kernel, or written by this worker
+        checked = read_json(storage, staged(cfg, CHECKED, shard + ".json"))
+        assert checked["bytes_copied"] == (checked["bytes_kept"] if kernel_copies else 0) > -1, checked
+        assert checked["bytes_written"] == checked["num_bytes"] - checked["bytes_copied"]
     runs = sum(len(origin["runs"]) for origin in rewrites.values())
     assert calls == ({"_copy_range": runs, "_write_hashed": 0} if kernel_copies else
                      {"_copy_range": 0, "_write_hashed": runs}), calls
@@ -244,7 +248,10 @@ def test_a_spliced_base_leaves_the_page_cache(tmp_path: Path, monkeypatch: pytes
     checked = _splice_again(storage, cfg, shard, origin)
     base = join(cfg.dataset_uri, origin["version"], origin["file"])
     assert dropped == [(os.path.realpath(base), 0, 0, os.POSIX_FADV_DONTNEED)]
-    assert checked["bytes_copied"] == checked["bytes_kept"] > 0 and "fallback" not in checked
+    assert checked["bytes_kept"] > 0 and "fallback" not in checked
+    # copied by the kernel where it can share blocks or copy on a server, else written from the hashing pass
+    assert checked["bytes_copied"] == (0 if splice.copies_pages(os.stat(base).st_dev, os.stat(base).st_dev)
+                                       else checked["bytes_kept"])
 
 
 def test_without_copy_file_range_the_bytes_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

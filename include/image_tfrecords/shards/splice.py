@@ -288,7 +288,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         written += appended["bytes"]
         offsets += [(kept_bytes + a, b) for a, b in appended["offsets"]]
         out.flush()
-        digest, copied = new_digest.hexdigest(), kept_bytes
+        digest, copied = new_digest.hexdigest(), 0 if written_here else kept_bytes  # (written here: by this worker)
         if remote:
             segments.append(Segment(appended["bytes"], _reader(out.fileno(), 0)))
             copied = storage.compose(staged(cfg, SHARDS, shard), segments, digest,
