@@ -119,6 +119,23 @@ def test_spliced_shards_are_the_reference_whichever_way_their_kept_bytes_are_cop
                      {"_copy_range": 0, "_write_hashed": runs}), calls
 
 
+def test_writes_that_take_fewer_bytes_than_asked_still_give_the_reference(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the worker writes the kept bytes itself, a ``pwrite`` that takes only part of a piece is followed by
+    another for the rest, and no byte is hashed twice."""
+    monkeypatch.setattr(splice, "copies_pages", lambda *_: True)
+    real_pwrite, writes = os.pwrite, []
+
+    def short_pwrite(fd: int, data: Any, offset: int) -> int:
+        writes.append(len(data))
+        return real_pwrite(fd, memoryview(data)[:1000], offset)
+
+    monkeypatch.setattr(os, "pwrite", short_pwrite)
+    storage, _, cfg = night(tmp_path)
+    _splices_are_the_reference(storage, cfg, read_json(storage, staged(cfg, PLAN))["rewrite"])
+    assert any(size > 1000 for size in writes)  # pieces were cut short
+
+
 def test_splices_that_share_no_prefix_or_all_of_it_with_the_base_are_the_reference(tmp_path: Path) -> None:
     """The bytes up to a base shard's first dropped record are hashed once for both digests: a shard that loses its
     first record shares nothing with its base, a shard that only takes new records shares all of it."""

@@ -324,10 +324,11 @@ def _write_hashed(view: memoryview, target: int, first: int, last: int, at: int,
         end = min(last, first + WRITE_PIECE)
         if digest is not None and end > hashed:
             digest.update(view[max(first, hashed):end])
-        done = os.pwrite(target, view[first:end], at)
-        if done <= 0:
-            raise OSError(f"a write of {end - first} bytes wrote {done}")
-        first, at = first + done, at + done
+        while first < end:  # (a write may take fewer bytes than asked: the rest of the piece, not hashed again)
+            done = os.pwrite(target, view[first:end], at)
+            if done <= 0:
+                raise OSError(f"a write of {end - first} bytes wrote {done}")
+            first, at = first + done, at + done
 
 
 def _reader(fd: int, at: int) -> Reader:
