@@ -18,7 +18,7 @@ from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.parallel import process_pool
 from image_tfrecords.shards import splice
-from image_tfrecords.shards.proofs import PROOFS, STATES, Prover, proof_states, proven
+from image_tfrecords.shards.proofs import PROOFS, STATES, Prover, proof_of, proof_states, proven
 from image_tfrecords.staging import PLAN, staged
 from image_tfrecords.storage import Storage, join, sha256_states
 from image_tfrecords.storage.documents import read_json
@@ -94,14 +94,14 @@ def test_saved_states_that_are_not_the_provers_are_not_used(tmp_path: Path, monk
         uri = staged(cfg, STATES, origin["file"])
         if not storage.exists(uri):
             continue
-        assert proof_states(cfg, storage, origin) is not None
+        assert proof_states(cfg, storage, origin, proof_of(cfg, storage, origin)) is not None
         monkeypatch.setattr(sha256_states, "STATE_EVERY", 8192)
-        assert proof_states(cfg, storage, origin) is None  # saved at another spacing
+        assert proof_states(cfg, storage, origin, proof_of(cfg, storage, origin)) is None  # saved at another spacing
         monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
         data = bytearray(storage.read_bytes(uri))
         data[len(data) // 2] ^= 0x01
         storage.write_bytes(uri, bytes(data))
-        assert proof_states(cfg, storage, origin) is None
+        assert proof_states(cfg, storage, origin, proof_of(cfg, storage, origin)) is None
         altered += 1
     assert altered
 

@@ -88,14 +88,15 @@ def prepared_entry(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -
 def proven(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> list[int] | None:
     """The identity of the base shard ``origin`` (a plan's ``{"version", "file", "sha256", ...}``) when this
     build's prover proved it; None when it did not (or none ran)."""
-    entry = _proof(cfg, storage, origin)
+    entry = proof_of(cfg, storage, origin)
     return list(entry["identity"]) if entry else None
 
 
-def proof_states(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> tuple[bytes, int] | None:
-    """The SHA-256 states this build's prover saved while it proved the base shard ``origin`` and the bytes
-    between them (``storage.sha256_states``); None when it saved none, or they are not the ones it named."""
-    entry = _proof(cfg, storage, origin)
+def proof_states(cfg: BuildConfig, storage: Storage, origin: dict[str, Any],
+                 entry: dict[str, Any] | None) -> tuple[bytes, int] | None:
+    """The SHA-256 states this build's prover saved while it proved the base shard ``origin`` (``entry``: its proof,
+    ``proof_of``) and the bytes between them (``storage.sha256_states``); None when it saved none, or they are not
+    the ones it named."""
     saved = entry.get("states") if entry else None
     if not isinstance(saved, dict) or saved.get("every") != sha256_states.STATE_EVERY or \
             not sha256_states.available():
@@ -107,8 +108,9 @@ def proof_states(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> 
     return (states, saved["every"]) if hashlib.sha256(states).hexdigest() == saved.get("sha256") else None
 
 
-def _proof(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> dict[str, Any] | None:
-    """This build's prover's proof of the base shard ``origin``; None when it has none."""
+def proof_of(cfg: BuildConfig, storage: Storage, origin: dict[str, Any]) -> dict[str, Any] | None:
+    """This build's prover's proof of the base shard ``origin`` (its ``identity`` and, where it saved them, its
+    ``states``); None when it has none."""
     try:
         proofs = read_json(storage, staged(cfg, PROOFS))
         entry = proofs["shards"].get(origin["file"]) if (proofs.get("version"), proofs.get("host")) == \

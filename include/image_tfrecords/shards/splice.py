@@ -63,7 +63,7 @@ from ..storage.multipart import Reader, Segment
 from ..storage.writeback import copies_pages, start_writeback
 from .checks import match_member, member_names, member_rows, record_facts, set_digest
 from .prepare import take_prepared
-from .proofs import identity, prepared_entry, proof_states, proven
+from .proofs import identity, prepared_entry, proof_of, proof_states
 from .writer import already_written, records_from_source, stage_shard, write_shard
 
 HEADER = 12  # a record's length and the CRC of the length
@@ -186,7 +186,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=storage.scratch_dir(staged(cfg, SHARDS)),
                                                               prefix=TMP_PREFIX))
         path, base_path, remote, base_tag = os.path.join(tmp, shard), old, is_s3(old), None
-        proof = None if remote else proven(cfg, storage, origin)
+        entry = None if remote else proof_of(cfg, storage, origin)
+        proof = list(entry["identity"]) if entry else None
         if remote:  # read once, to a local file: hashed and checked here, its long runs copied by the store
             base_path = os.path.join(tmp, "base-" + origin["file"])
             base_tag = storage.download(old, base_path)
@@ -210,14 +211,18 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         # base's: that prefix is hashed once, and the new digest starts from a copy of its state. A base proven ahead
         # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them.
         prefix = ends[runs[0][1] - 1] if runs and runs[0][0] == 0 else 0
-        states = proof_states(cfg, storage, origin) if ahead and prefix else None
+        states = proof_states(cfg, storage, origin, entry) if ahead and prefix else None
         base_digest, after_prefix = hashlib.sha256(), threading.Event()
         shared: list[Any] = []
 
+        def resumed() -> tuple[Any, int]:
+            """The new digest of a base proven ahead, as far as the prover's last state before the prefix's end
+            goes (where it saved states), and that offset."""
+            return sha256_states.resumed(states[0], prefix, states[1]) if states else (hashlib.sha256(), 0)
+
         def hash_base() -> None:
-            if ahead:  # the prefix from the prover's last state before its end (where it saved states)
-                kept_digest, done = sha256_states.resumed(states[0], prefix, states[1]) if states else \
-                    (hashlib.sha256(), 0)
+            if ahead:
+                kept_digest, done = resumed()
                 for start, stop in runs:
                     if ends[stop - 1] > done:
                         kept_digest.update(view[max(first_bytes[start], done):ends[stop - 1]])
@@ -237,8 +242,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         written_here = not remote and prepared is None and copies_pages(stat.st_dev, os.stat(tmp).st_dev)
         done = prefix  # the new digest's bytes before this are the base's, hashed by the thread below
         if written_here and ahead:  # no thread: the writing pass takes the new digest from the prover's state on
-            kept_digest, done = sha256_states.resumed(states[0], prefix, states[1]) if states else \
-                (hashlib.sha256(), 0)
+            kept_digest, done = resumed()
             shared.append(kept_digest)
         hashing = threading.Thread(target=hash_base if not (written_here and ahead) else lambda: None)
         hashing.start()
