@@ -119,7 +119,7 @@ class DuplicateResolver:
             numbers = np.frombuffer(labels, dtype=np.int64) if labels else np.zeros(0, dtype=np.int64)
         ordered = np.sort(content)
         shared = distinct(ordered[1:][ordered[1:] == ordered[:-1]])  # prefixes two rows or more hold
-        candidate = within(content, shared) if len(shared) else np.zeros(len(content), dtype=bool)
+        candidate = within(content, shared)  # (none where nothing is shared)
         names = {number: label for label, number in label_number.items()}
         self._labels = {names[int(n)] for n in distinct(numbers[~candidate])}  # unique content: kept
         self._verdicts: dict[tuple[str, str], tuple[str, str]] = {}

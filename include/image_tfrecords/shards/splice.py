@@ -209,7 +209,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             stack.enter_context(prepared)
         # The base's digest on the other core. Up to the first record the night drops, the new shard's bytes are the
         # base's: that prefix is hashed once, and the new digest starts from a copy of its state. A base proven ahead
-        # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them.
+        # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them (where
+        # this process writes them itself, below, its writing pass hashes them and no thread is needed).
         prefix = ends[runs[0][1] - 1] if runs and runs[0][0] == 0 else 0
         states = proof_states(cfg, storage, origin, entry) if ahead and prefix else None
         base_digest, after_prefix = hashlib.sha256(), threading.Event()
@@ -244,8 +245,9 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         if written_here and ahead:  # no thread: the writing pass takes the new digest from the prover's state on
             kept_digest, done = resumed()
             shared.append(kept_digest)
-        hashing = threading.Thread(target=hash_base if not (written_here and ahead) else lambda: None)
-        hashing.start()
+        hashing = None if written_here and ahead else threading.Thread(target=hash_base)
+        if hashing is not None:
+            hashing.start()
         try:
             _check_framing(view, starts, lengths, _framed(runs, bool(origin.get("index_sha256"))))
             offsets: list[tuple[int, int]] = []
@@ -276,7 +278,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                         if ends[stop - 1] > prefix:
                             shared[0].update(view[max(first_bytes[start], prefix):ends[stop - 1]])
         finally:
-            hashing.join()
+            if hashing is not None:
+                hashing.join()
         if ahead and identity(os.fstat(base.fileno())) != proof:  # its proof held when it was opened, not now
             raise SourceChanged(f"{old} changed while it was spliced")
         if not shared:
