@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
@@ -252,12 +253,14 @@ static PyObject *thresholds(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "dddddLdO!", &dark, &bright, &flat, &blurry, &grey_max, &tiny, &odd_aspect,
                           &PyTuple_Type, &names))
         return NULL;
-    if (PyTuple_GET_SIZE(names) != 7) {
+    if (PyTuple_Size(names) != 7) {
         PyErr_SetString(PyExc_ValueError, "seven flag names");
         return NULL;
     }
     for (int i = 0; i < 7; i++) {
-        Py_XSETREF(flag_names[i], Py_NewRef(PyTuple_GET_ITEM(names, i)));
+        PyObject *old = flag_names[i];
+        flag_names[i] = Py_NewRef(PyTuple_GetItem(names, i));
+        Py_XDECREF(old);
     }
     Py_RETURN_NONE;
 }
@@ -272,7 +275,8 @@ static int variance_of(long long count, long long total, long long squares, doub
         goto done;
     if (!(a = PyNumber_Multiply(n, s2)) || !(b = PyNumber_Multiply(s1, s1)) || !(num = PyNumber_Subtract(a, b)))
         goto done;
-    Py_SETREF(a, PyNumber_Multiply(n, n));
+    Py_DECREF(a);
+    a = PyNumber_Multiply(n, n);
     if (!a || !(den = PyNumber_Multiply(a, million)) || !(q = PyNumber_TrueDivide(num, den)))
         goto done;
     *out = PyFloat_AsDouble(q);
