@@ -20,10 +20,10 @@ RUN pip install --no-cache-dir --require-hashes -r /requirements.txt
 # came from the lock above (--no-deps), and setuptools, which builds it, is pinned there too
 # (--no-build-isolation: nothing unpinned is fetched). pip builds in the source tree, so it builds
 # a scratch copy that `airflow` owns. docker-compose.yaml puts the mounted ./include first on
-# PYTHONPATH, so edits there take effect without rebuilding this installed copy. The package's one C
-# part (images/_thumbstats.c) is optional: where the base image has no C compiler it is left out and
-# inspection uses its numpy fallback (the same numbers, slower); build-essential added in a `USER root`
-# step builds it.
+# PYTHONPATH, so edits there take effect without rebuilding this installed copy. The package's C
+# parts (images/_thumbstats.c, source/_lstat.c) are optional: where the base image has no C compiler
+# they are left out and inspection and listing use their Python fallbacks (the same answers, slower);
+# build-essential added in a `USER root` step builds them.
 COPY --chown=airflow:root pyproject.toml README.md /opt/image-tfrecords/
 COPY --chown=airflow:root include/ /opt/image-tfrecords/include/
 RUN src="$(mktemp -d)" \

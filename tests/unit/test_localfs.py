@@ -183,3 +183,64 @@ def test_a_swap_between_listing_and_reading_is_a_reject_and_nothing_outside_is_r
     assert not any(h in inspected for h in outside_hashes), "bytes from outside the source were read"
     if swap == "folder_symlink":
         assert rejects.count("not_a_regular_file") == len(list(outside.iterdir()))
+
+
+def _odd_folder(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A folder of every kind of entry, with modification times around 1970 and far from it, and its names (one
+    of them missing, one not UTF-8)."""
+    src = tmp_path / "odd"
+    src.mkdir()
+    times = {"epoch.png": 0, "five_ns.png": 5, "before.png": -1_500_000_000, "just_before.png": -1,
+             "whole_second_before.png": -1_000_000_000, "far_before.png": -(10**18) - 7, "now.png": time_ns_now(),
+             "late.png": 4_102_444_800_123_456_789}
+    for name, ns in times.items():
+        (src / name).write_bytes(name.encode())
+        os.utime(src / name, ns=(ns, ns))
+    os.symlink(src / "now.png", src / "link.png")
+    os.mkfifo(src / "fifo.png")
+    (src / "folder").mkdir()
+    fd = os.open(os.fsencode(src) + b"/caf\xe9.png", os.O_CREAT | os.O_WRONLY)
+    os.close(fd)
+    return src, [*sorted(times), "link.png", "fifo.png", "folder", os.fsdecode(b"caf\xe9.png"), "missing.png"]
+
+
+def time_ns_now() -> int:
+    import time
+
+    return time.time_ns()
+
+
+@pytest.mark.skipif(localfs.lstat_names is localfs.lstat_names_py, reason="the package was built without its C parts")
+def test_the_compiled_lstat_gives_what_os_stat_gives(tmp_path: Path) -> None:
+    """``_lstat.lstat_names`` against its Python twin: modes, sizes and ``st_mtime_ns`` as text, to the nanosecond
+    and before 1970 too; ``-ENOENT`` for a name that is gone."""
+    src, names = _odd_folder(tmp_path)
+    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        compiled = localfs.lstat_names(fd, names)
+        python = localfs.lstat_names_py(fd, names)
+    finally:
+        os.close(fd)
+    assert compiled == python
+    modes, _, stamps = compiled
+    assert modes[-1] == -2 and stamps[-1] == ""  # missing.png: ENOENT
+    assert stamps[names.index("far_before.png")] == str(-(10**18) - 7)
+    assert stamps[names.index("just_before.png")] == "-1"
+    assert stamps[names.index("five_ns.png")] == "5"
+    with pytest.raises(TypeError):
+        localfs.lstat_names(0, [b"bytes.png"])
+
+
+def test_the_walk_is_the_same_with_the_python_lstat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every entry of a hostile folder, its kind, problem, size, stamp and time, as either twin lists it; a local
+    file's time comes from its stamp (``FileInfo.modified_at``)."""
+    _odd_folder(tmp_path)
+    first = list(walk(str(tmp_path)))
+    monkeypatch.setattr(localfs, "lstat_names", localfs.lstat_names_py)
+    assert list(walk(str(tmp_path))) == first
+    by_key = {e.key: e for e in first}
+    assert by_key["odd/late.png"].modified_at().isoformat() == "2100-01-01T00:00:00.123456+00:00"
+    assert by_key["odd/before.png"].modified_at().isoformat() == "1969-12-31T23:59:58.500000+00:00"
+    assert by_key["odd/five_ns.png"].stamp == "5" and by_key["odd/five_ns.png"].size == len(b"five_ns.png")
+    assert {e.key: e.kind for e in first if e.kind != "file"} == {"odd/fifo.png": "fifo", "odd/link.png": "symlink"}
+    assert by_key["odd/caf\\xe9.png"].problem == "bad_filename"

@@ -39,7 +39,7 @@ def stale_staging(storage: Storage, dataset_uri: str, older_than_seconds: float,
         files[version] += 1
         size[version] += info.size
         if info.key != f"{version}/{LOCK_FILE}":  # the lock is renewed: its age says nothing of the files
-            newest[version] = max(newest.get(version, 0.0), info.modified.timestamp())
+            newest[version] = max(newest.get(version, 0.0), info.modified_at().timestamp())
     report = []
     for version in sorted(files):
         age = now - newest.get(version, 0.0)

@@ -156,11 +156,13 @@ def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: dat
     try:
         for info in storage.iter_files(source, everything=True):
             key, modified, problem = info.key, info.modified, info.problem
-            if cutoff is not None and modified > cutoff and not problem:
+            if cutoff is not None and info.modified_at() > cutoff and not problem:
                 counts.after_cutoff += 1
                 continue
             listed += 1
-            fingerprint(f"{key}\0{info.size}\0{modified.isoformat()}\0{info.kind}\0{problem}\n".encode())
+            # a local file's time as its stamp (mtime in ns), any other's as the listing gives it
+            when = info.stamp if modified is None else modified.isoformat()
+            fingerprint(f"{key}\0{info.size}\0{when}\0{info.kind}\0{problem}\n".encode())
             if problem:
                 yield Candidate(key, num_bytes=info.size, reason=problem, detail=info.detail)
             elif info.kind != "file":

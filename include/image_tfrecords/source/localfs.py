@@ -100,38 +100,72 @@ def _why(exc: OSError) -> str:
     return "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or type(exc).__name__)
 
 
+def lstat_names_py(fd: int, names: list[str]) -> tuple[list[int], list[int], list[str]]:
+    """``_lstat.lstat_names`` in Python: each name's ``st_mode`` (``-errno`` when the call failed), ``st_size`` and
+    ``st_mtime_ns`` as text (``""`` after a failure), without following symlinks."""
+    modes, sizes, stamps = [], [], []
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError as exc:
+            modes.append(-(exc.errno or errno.EIO))
+            sizes.append(0)
+            stamps.append("")
+            continue
+        modes.append(st.st_mode)
+        sizes.append(st.st_size)
+        stamps.append(str(st.st_mtime_ns))
+    return modes, sizes, stamps
+
+
+try:  # one call a folder; without the package's C parts, the same in Python
+    from ._lstat import lstat_names
+except ImportError:  # pragma: no cover - a build without a C compiler
+    lstat_names = lstat_names_py
+
+Frame = tuple[int, str, Iterator[tuple[str, int, int, str]]]
+
+
+def _frame(fd: int, prefix: str) -> Frame:
+    """A folder open for the walk: its descriptor, its key prefix and its entries (name, mode, size, stamp), each
+    stat'ed once, as the folder is entered."""
+    names = _sorted_names(fd)
+    return fd, prefix, zip(names, *lstat_names(fd, names), strict=True)
+
+
+def _why_errno(number: int) -> str:
+    return "permission denied" if number in (errno.EACCES, errno.EPERM) else os.strerror(number)
+
+
 def walk(root: str) -> Iterator[FileInfo]:
     """Every entry below ``root`` (a folder the caller names; it may itself be a symlink), keys relative
     to it with ``/`` separators, in sorted order. Folders are not yielded, only what they hold."""
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    stack: list[tuple[int, str, Iterator[str]]] = []
+    stack: list[Frame] = []
     try:
-        stack.append((root_fd, "", iter(_sorted_names(root_fd))))
+        stack.append(_frame(root_fd, ""))
     except BaseException:
         os.close(root_fd)
         raise
-    is_file, stat_of, moment = stat.S_ISREG, os.stat, datetime.fromtimestamp
+    is_file, gone = stat.S_ISREG, -errno.ENOENT
     try:
         while stack:
-            fd, prefix, names = stack[-1]
-            for name in names:  # resumed where it was after a subfolder (its frame keeps the iterator)
+            fd, prefix, entries = stack[-1]
+            for name, mode, size, stamp in entries:  # resumed where it was after a subfolder (its frame keeps them)
                 key = prefix + name
-                try:
-                    st = stat_of(name, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:  # removed while listing
+                if mode < 0:
+                    if mode != gone:  # (gone: removed while listing)
+                        yield _entry(printable(key), problem="unreadable", detail=_why_errno(-mode))
                     continue
-                except OSError as exc:
-                    yield _entry(printable(key), problem="unreadable", detail=_why(exc))
-                    continue
-                if is_file(st.st_mode):  # the common case first: a regular file with a clean, short name
+                if is_file(mode):  # the common case first: a regular file with a clean, short name
                     try:
                         short = len(key.encode()) <= MAX_KEY_BYTES  # (its folders' names are clean: they were entered)
                     except UnicodeEncodeError:
                         short = False
                     if short:
-                        yield FileInfo(key, st.st_size, moment(st.st_mtime, UTC), "file", "", "", str(st.st_mtime_ns))
+                        yield FileInfo(key, size, None, "file", "", "", stamp)
                         continue
-                found = _other_entry(fd, name, key, st, len(stack))
+                found = _other_entry(fd, name, key, mode, size, stamp, len(stack))
                 if isinstance(found, FileInfo):
                     yield found
                 elif found is not None:  # a subfolder: listed before the rest of this one
@@ -145,11 +179,10 @@ def walk(root: str) -> Iterator[FileInfo]:
             os.close(fd)
 
 
-def _other_entry(fd: int, name: str, key: str, st: os.stat_result, depth: int
-                 ) -> tuple[int, str, Iterator[str]] | FileInfo | None:
+def _other_entry(fd: int, name: str, key: str, mode: int, size: int, stamp: str, depth: int) -> Frame | FileInfo | None:
     """What ``walk`` yields for an entry that is not a regular file with a clean, short name (or the frame of a
     subfolder to enter, or None when it is gone)."""
-    kind = kind_of(st.st_mode)
+    kind = kind_of(mode)
     if not is_clean_name(name):
         folder = kind == "folder"
         return _entry(printable(key) + ("/" if folder else ""), kind=kind, problem="bad_filename",
@@ -160,10 +193,10 @@ def _other_entry(fd: int, name: str, key: str, st: os.stat_result, depth: int
                       detail=f"path is longer than {MAX_KEY_BYTES} bytes")
     if kind == "folder":
         return _open_folder(fd, name, key, depth)
-    return FileInfo(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC), kind, "", "", str(st.st_mtime_ns))
+    return FileInfo(key, size, None, kind, "", "", stamp)
 
 
-def _open_folder(parent: int, name: str, key: str, depth: int) -> tuple[int, str, Iterator[str]] | FileInfo | None:
+def _open_folder(parent: int, name: str, key: str, depth: int) -> Frame | FileInfo | None:
     """A stack frame for a subfolder, an entry saying why it is not descended into, or None if it is gone."""
     if depth >= MAX_DEPTH:
         return _entry(key + "/", problem="path_too_long", detail=f"more than {MAX_DEPTH} folder levels deep")
@@ -176,7 +209,7 @@ def _open_folder(parent: int, name: str, key: str, depth: int) -> tuple[int, str
             return _entry(key + "/", kind="symlink")
         return _entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")
     try:
-        return fd, key + "/", iter(_sorted_names(fd))
+        return _frame(fd, key + "/")
     except OSError as exc:
         os.close(fd)
         return _entry(key + "/", problem="unreadable", detail=f"folder: {_why(exc)}")

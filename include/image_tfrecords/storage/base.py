@@ -14,12 +14,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
 from ..errors import StorageError
 
 S3_SCHEME = "s3://"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(unsafe_hash=True)  # not frozen: a frozen dataclass costs microseconds per listed file
@@ -33,11 +34,18 @@ class FileInfo:
 
     key: str
     size: int
-    modified: datetime
+    modified: datetime | None  # None: a local file, whose ``stamp`` holds the time (``modified_at``)
     kind: str = "file"
     problem: str = ""
     detail: str = ""
     stamp: str = ""  # what changes when the content may have: mtime in ns locally, the ETag on S3
+
+    def modified_at(self) -> datetime:
+        """When it was last modified: ``modified``, or for a local file listed without it (a ``datetime`` a file
+        is a measurable part of listing 100,000 files) its mtime from ``stamp``, to the microsecond."""
+        if self.modified is not None:
+            return self.modified
+        return _EPOCH + timedelta(microseconds=int(self.stamp) // 1000)
 
 
 def is_s3(uri: str) -> bool:
