@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.7.3"
+__version__ = "0.7.4"
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (PEP 781)
 if TYPE_CHECKING:

@@ -409,7 +409,7 @@ def test_package_exports_the_loader_lazily() -> None:
     code = ("import sys, image_tfrecords as p\n"
             "heavy = ('tensorflow', 'pandas', 'numpy', 'keras', 'boto3', 'PIL')\n"
             "assert not [m for m in heavy if m in sys.modules], sorted(sys.modules)\n"
-            "assert p.__version__ == '0.7.3' and set(p.__all__) >= {'load_split', 'label_names', 'labels'}\n"
+            "assert p.__version__ == '0.7.4' and set(p.__all__) >= {'load_split', 'label_names', 'labels'}\n"
             "from image_tfrecords import label_names, labels, load_split\n"
             "assert not [m for m in heavy if m in sys.modules], sorted(sys.modules)\n"
             "print(sorted(m for m in sys.modules if m.startswith('image_tfrecords')))\n")
