@@ -21,20 +21,19 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import BinaryIO
 
-from ..storage.base import FileInfo
+from ..storage.base import EPOCH, FileInfo
 
 MAX_DEPTH = 64  # folder levels below the source root
 MAX_KEY_BYTES = 1024  # UTF-8 bytes of a relative path (S3's key limit)
-_EPOCH = datetime.fromtimestamp(0, UTC)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_PATH = getattr(os, "O_PATH", 0)
 _REOPEN_BY_PROC = bool(_O_PATH) and os.path.isdir("/proc/self/fd")  # checked once, not per file
 
 
-def _entry(key: str, size: int = 0, modified: datetime = _EPOCH, kind: str = "file", problem: str = "",
+def _entry(key: str, size: int = 0, modified: datetime = EPOCH, kind: str = "file", problem: str = "",
            detail: str = "", stamp: str = "") -> FileInfo:
     """One thing found under the root, as a listing gives it (``FileInfo``). ``kind``: file, symlink, fifo,
     device, socket or other; ``problem`` (a reject reason) when it cannot become a candidate at all;
@@ -97,7 +96,7 @@ def _sorted_names(fd: int) -> list[str]:
 
 
 def _why(exc: OSError) -> str:
-    return "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or type(exc).__name__)
+    return _why_errno(exc.errno) if exc.errno else type(exc).__name__
 
 
 def lstat_names_py(fd: int, names: list[str]) -> tuple[list[int], list[int], list[str]]:

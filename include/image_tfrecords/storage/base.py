@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 from ..errors import StorageError
 
 S3_SCHEME = "s3://"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(unsafe_hash=True)  # not frozen: a frozen dataclass costs microseconds per listed file
@@ -45,7 +45,7 @@ class FileInfo:
         is a measurable part of listing 100,000 files) its mtime from ``stamp``, to the microsecond."""
         if self.modified is not None:
             return self.modified
-        return _EPOCH + timedelta(microseconds=int(self.stamp) // 1000)
+        return EPOCH + timedelta(microseconds=int(self.stamp) // 1000)
 
 
 def is_s3(uri: str) -> bool:
