@@ -229,6 +229,9 @@ def test_the_compiled_lstat_gives_what_os_stat_gives(tmp_path: Path) -> None:
     assert stamps[names.index("five_ns.png")] == "5"
     with pytest.raises(TypeError):
         localfs.lstat_names(0, [b"bytes.png"])
+    for twin in (localfs.lstat_names, localfs.lstat_names_py):  # never the name cut at the NUL
+        with pytest.raises(ValueError, match="null"):
+            twin(0, ["epoch.png\0x"])
 
 
 def test_the_walk_is_the_same_with_the_python_lstat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

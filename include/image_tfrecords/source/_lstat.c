@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 typedef struct {
@@ -66,6 +67,10 @@ static PyObject *lstat_names(PyObject *self, PyObject *args) {
         }
         if (!(encoded[i] = PyUnicode_EncodeFSDefault(name)) || !(paths[i] = PyBytes_AsString(encoded[i])))
             goto done;
+        if ((Py_ssize_t)strlen(paths[i]) != PyBytes_Size(encoded[i])) { /* as os.stat: never a shorter name */
+            PyErr_SetString(PyExc_ValueError, "embedded null byte");
+            goto done;
+        }
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count; i++) {
