@@ -34,7 +34,7 @@ from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
 from ..storage import Storage, is_s3, join
-from ..storage.csv_blocks import Quoted, blocks, within
+from ..storage.csv_blocks import Quoted, blocks, spans, within
 from ..storage.documents import csv_field, list_rows, raw_rows
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
@@ -291,12 +291,12 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
             for part in parts:
                 rows = np.flatnonzero(~within(part.column(reason), retried))  # those read again have no say
                 starts, stops = part.starts[rows, 0], part.stops[rows, -1]
-                keys = _spans(part.data, starts, part.stops[rows, 2])  # "name,size,stamp"
+                keys = spans(part.data, starts, part.stops[rows, 2])  # "name,size,stamp" (no field holds a comma here)
                 known.update(zip(keys, ((part.offset + starts) << 32 | (stops - starts)).tolist(), strict=True))
         with blocks(storage, discovered, ",".join(DISCOVERED_FIELDS)) as parts:
             for part in parts:  # name, then ",size,stamp" (the label's end is the comma before the size)
-                keys = list(map(bytes.__add__, _spans(part.data, part.starts[:, 0], part.stops[:, 0]),
-                                _spans(part.data, part.stops[:, 1], part.stops[:, 3])))
+                keys = list(map(bytes.__add__, spans(part.data, part.starts[:, 0], part.stops[:, 0]),
+                                spans(part.data, part.stops[:, 1], part.stops[:, 3])))
                 where = np.fromiter(map(known.get, keys, itertools.repeat(-1)), dtype=np.int64, count=len(part))
                 where[part.stops[:, 3] == part.starts[:, 3]] = -1  # no stamp: nothing proves the file unchanged
                 found.append(where)
@@ -306,12 +306,6 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
     if not found:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), path
     return np.concatenate(found), np.concatenate(sizes), path
-
-
-def _spans(data: bytes, starts: Any, stops: Any) -> list[bytes]:
-    """``data[start:stop]`` for each pair: the inspection join's keys (file name, size and stamp as the row's text,
-    which holds no comma in a field when a table is read as columns)."""
-    return [data[a:b] for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
 
 
 def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[str]]]:

@@ -36,7 +36,7 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
-from ..storage.csv_blocks import Block, Quoted, blocks, within
+from ..storage.csv_blocks import Block, Quoted, blocks, spans, within
 from ..storage.documents import RowWriter, list_rows, read_json, read_rows, write_json
 
 
@@ -283,9 +283,7 @@ def _runs(col: dict[str, int], fields: tuple[str, ...]) -> list[list[str]]:
 def _field_spans(part: Block, columns: list[int], rows: Any) -> list[bytes]:
     """The bytes of consecutive images.csv ``columns`` (with the commas between them) in each of ``rows`` of
     ``part``."""
-    data = part.data
-    return [data[a:b] for a, b in zip(part.starts[rows, columns[0]].tolist(), part.stops[rows, columns[-1]].tolist(),
-                                      strict=True)]
+    return spans(part.data, part.starts[rows, columns[0]], part.stops[rows, columns[-1]])
 
 
 def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> dict[str, tuple[str, str]]:
