@@ -112,6 +112,36 @@ def test_saved_states_that_are_not_the_provers_are_not_used(tmp_path: Path, monk
     _splices_are_the_reference(storage, cfg, plan["rewrite"])
 
 
+def test_a_proof_recorded_while_stop_stages_the_proofs_does_not_break_it(tmp_path: Path) -> None:
+    """A pool job's done-callback can record its proof after ``stop`` has waited for the job (``wait`` returns before
+    callbacks run), while ``stop`` writes the states it holds: ``stop`` stages what it took under the prover's lock,
+    proofs and states alike (it failed so once: "dictionary changed size during iteration")."""
+    import threading
+
+    storage, _, cfg = night(tmp_path)
+    found = read_json(storage, staged(cfg, "discover.json"))
+    prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
+    (first, first_sha, _), (late, late_sha, _) = prover.shards[:2]
+    prover._proved(first, first_sha, [1, 2, 3, 4, 5, 6], b"\x01" * 112)
+    write_bytes = storage.write_bytes
+
+    def write_while_a_callback_records(uri: str, data: bytes) -> None:
+        if uri.endswith(first):  # the first states file: a callback records another proof meanwhile
+            def callback() -> None:  # as ``_finished`` does, under the prover's lock
+                with prover._lock:
+                    prover._proved(late, late_sha, [1, 2, 3, 4, 5, 6], b"\x02" * 112)
+            recorder = threading.Thread(target=callback)
+            recorder.start()
+            recorder.join(10)
+        write_bytes(uri, data)
+
+    storage.write_bytes = write_while_a_callback_records  # type: ignore[method-assign]
+    assert prover.stop() == {"proven": 1, "of": len(prover.shards)}
+    staged_proofs = read_json(storage, staged(cfg, PROOFS))["shards"]
+    assert list(staged_proofs) == [first]  # what it took, states staged with it
+    assert storage.read_bytes(staged(cfg, STATES, first)) == b"\x01" * 112
+
+
 def test_a_base_damaged_before_the_prover_reads_it_is_not_proven(tmp_path: Path) -> None:
     storage, _, cfg = night(tmp_path)
     plan = read_json(storage, staged(cfg, PLAN))

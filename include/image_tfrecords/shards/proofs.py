@@ -312,22 +312,24 @@ class Prover:
         self.cancel()
         if not self.shards:
             return {"proven": 0, "of": 0}
+        with self._lock:  # a job's callback may still be recording it (``wait`` returns before callbacks have run)
+            proofs, all_states, prepared = dict(self.proofs), dict(self.states), dict(self.prepared)
         try:
-            for file, states in self.states.items():  # (before the proofs that name them)
+            for file, states in all_states.items():  # (before the proofs that name them)
                 self.storage.write_bytes(staged(self.cfg, STATES, file), states)
             write_json(self.storage, staged(self.cfg, PROOFS),
-                       {"version": self.version, "host": host(), "shards": self.proofs, "prepared": self.prepared})
+                       {"version": self.version, "host": host(), "shards": proofs, "prepared": prepared})
         except OSError as exc:  # only a head start: never a reason for a build to fail
             log.warning("the proofs of the base shards could not be staged (%s): they are hashed where they are used",
                         exc)
             return {"proven": 0, "of": len(self.shards)}
         log.log(logging.WARNING if self.failed else logging.INFO,
                 "proved %d of %d base shards of version %s ahead (%.1f MB hashed in %.2f s, beside the metadata "
-                "stages)%s%s", len(self.proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
-                f"; kept bytes of {len(self.prepared)} copied ahead" if self._prepared_dir else "",
+                "stages)%s%s", len(proofs), len(self.shards), self.version, self.bytes_hashed / 1e6, self.seconds,
+                f"; kept bytes of {len(prepared)} copied ahead" if self._prepared_dir else "",
                 f"; stopped by {self.failed}: the rest are hashed where they are used" if self.failed else "")
-        done = {"proven": len(self.proofs), "of": len(self.shards)}
-        return {**done, "copied": len(self.prepared)} if self._prepared_dir else done
+        done = {"proven": len(proofs), "of": len(self.shards)}
+        return {**done, "copied": len(prepared)} if self._prepared_dir else done
 
     def cancel(self) -> None:
         """Stop hashing (after the chunk in hand) and stage nothing (the build ended early)."""
