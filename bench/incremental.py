@@ -40,6 +40,20 @@ def page_cache(version: Path, cached: bool) -> None:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+def free_memory() -> dict[str, float]:
+    """This machine's free memory and page cache (``/proc/meminfo``'s MemFree and Cached), in MB (empty elsewhere)."""
+    found: dict[str, float] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in ("MemFree", "Cached"):
+                    found[name] = int(value.split()[0]) / 1024
+    except (OSError, ValueError):
+        return {}
+    return found
+
+
 def night_counts(images: int) -> dict[str, int]:
     """How many images a night adds, deletes and changes (at least one of each)."""
     return {kind: max(1, round(images * share)) for kind, share in NIGHT.items()}
@@ -291,6 +305,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
     night = nights.mutate(2, counts)
     before = nights.folder / "before-night02"  # the destination as night 2 finds it, for the repeats
     shutil.copytree(nights.out, before, copy_function=os.link)
+    memory = free_memory()  # what the first incremental night finds: a full page cache costs its writes (NOTES.md)
     incremental, m2 = nights.build("night02")
     say("night 2, incremental", incremental)
     full_dest = nights.folder / "full"
@@ -330,6 +345,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
         "first": {"seconds": first.seconds, "rss_mb": first.rss_mb, "shards": shard_total(m1)},
         "unchanged": {"seconds": unchanged.seconds, "skipped": skipped, "says": unchanged.stdout.strip()[-300:]},
         "repeats": repeats,
+        "memory_mb": memory,
         "incremental": {"seconds": incremental.seconds, "rss_mb": incremental.rss_mb, "build": m2["build"],
                         "all_seconds": [run.seconds for run in runs_of["incremental"]],
                         "shards": shard_total(m2), "written": written_bytes(v2, v1),
@@ -457,6 +473,9 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("`--full`, same source: seconds (peak RSS MB)",
             lambda r: f"**{r['full']['seconds']:.2f}** ({r['full']['rss_mb']:.0f})"),
         row("speedup (full / incremental)", lambda r: f"**{r['speedup']:.1f}x**"),
+        row("memory free / page cache when the incremental night started: MB",
+            lambda r: f"{r['memory_mb']['MemFree']:.0f} / {r['memory_mb']['Cached']:.0f}"
+            if r.get("memory_mb") else "?"),
         row("incremental night with the base's shards not in the page cache: seconds (speedup)",
             lambda r: f"{r['cold_base']['seconds']:.2f} ({r['full']['seconds'] / r['cold_base']['seconds']:.1f}x)"
             if "cold_base" in r else "not run"),
