@@ -84,6 +84,11 @@ def check_incremental(data: dict[str, Any], text: str) -> None:
     assert inc["seconds"] > 0 and full["seconds"] > 0 and run["speedup"] == full["seconds"] / inc["seconds"]
     assert run["repeats"] == len(inc["all_seconds"]) == len(full["all_seconds"]) == 3  # medians of 3, taking turns
     assert inc["seconds"] == sorted(inc["all_seconds"])[1] and full["seconds"] == sorted(full["all_seconds"])[1]
+    assert run["cold_base"]["seconds"] > 0 and "write" in run["cold_base"]["stages"]  # the base out of the cache
+    assert run["memory_mb"]["MemFree"] > 0 and run["memory_mb"]["Cached"] > 0
+    assert re.search(r"\| incremental night with the base's shards not in the page cache: seconds \(speedup\) \| "
+                     r"\d+\.\d\d \(\d+\.\dx\) \|", text)
+    assert re.search(r"\| memory free / page cache when the incremental night started: MB \| \d+ / \d+ \|", text)
     chain = run["chain"]
     assert [r["night"] for r in chain] == [1, 2, 3, 4, 5, 6] and chain[0]["mode"] == "full"
     assert [r["records"] for r in chain] == [run["images"] + 2 * n for n in range(6)]
