@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +23,24 @@ MUTATION_SEED = 12  # which images a night deletes and changes
 SHARD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfindex")
 
 
-def page_cache(version: Path, cached: bool) -> None:
-    """Read every shard file of the published ``version`` once (``cached``), or drop its pages from the page cache.
+def shard_files(version: Path) -> list[Path]:
+    """The shard files (and their ``.tfindex``) of the published version in the folder ``version``."""
+    return sorted(path for path in version.iterdir() if path.name.endswith(SHARD_SUFFIXES))
+
+
+def page_cache(paths: Iterable[Path], cached: bool) -> None:
+    """Read each file of ``paths`` once (``cached``), or drop its pages from the page cache (where the system can).
 
     A splice drops its base shard's pages once it has copied them (``shards.splice._drop_cached``): a repeat of
     the same night on hard links of the same base would otherwise read a base the run before it evicted, where
     the first run (like a night after the one that wrote its base) finds it cached. The cold base is measured on
     its own (after a reboot, or on a machine whose page cache is too small to keep the last version)."""
-    for path in sorted(version.iterdir()):
-        if not path.name.endswith(SHARD_SUFFIXES):
-            continue
+    for path in paths:
         with open(path, "rb", buffering=0) as f:
             if cached:
-                while f.read(1 << 20):
+                while f.read(1 << 24):
                     pass
-            else:
+            elif hasattr(os, "posix_fadvise"):  # (not on macOS: there the "cold" run finds the base cached)
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
@@ -221,10 +225,7 @@ def write_rates(shards: list[Path], work: Path, threads: int = 2) -> dict[str, f
     from concurrent.futures import ThreadPoolExecutor
 
     total = sum(path.stat().st_size for path in shards)
-    for path in shards:
-        with open(path, "rb") as f:
-            while f.read(1 << 24):
-                pass
+    page_cache(shards, cached=True)
 
     def cpu() -> float:
         times = os.times()
@@ -303,7 +304,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
     skipped = (published is None and "unchanged since version night01" in unchanged.stdout
                and not (nights.out / "nightly" / "night02").exists())
     night = nights.mutate(2, counts)
-    before = nights.folder / "before-night02"  # the destination as night 2 finds it, for the repeats
+    before = nights.folder / "before-night02"  # the destination as night 2 finds it: the repeats, the cold base
     shutil.copytree(nights.out, before, copy_function=os.link)
     memory = free_memory()  # what the first incremental night finds: a full page cache costs its writes (NOTES.md)
     incremental, m2 = nights.build("night02")
@@ -316,7 +317,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
     for _ in range(repeats - 1):  # the same night again, into copies: incremental and --full taking turns
         again = nights.folder / "again"
         shutil.copytree(before, again, copy_function=os.link)
-        page_cache(again / "nightly" / "night01", cached=True)  # as the first run found it (see page_cache)
+        page_cache(shard_files(again / "nightly" / "night01"), cached=True)  # as the first run found it
         runs_of["incremental"].append(nights.build("night02", dest=again)[0])
         shutil.rmtree(again)
         runs_of["full"].append(nights.build("night02", dest=again, full=True)[0])
@@ -325,7 +326,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
         say("night 2 again, --full", runs_of["full"][-1])
     again = nights.folder / "again"  # once more with the base's shards out of the page cache (after a reboot)
     shutil.copytree(before, again, copy_function=os.link)
-    page_cache(again / "nightly" / "night01", cached=False)
+    page_cache(shard_files(again / "nightly" / "night01"), cached=False)
     cold = nights.build("night02", dest=again)[0]
     say("night 2 again, incremental, the base's shards not cached", cold)
     shutil.rmtree(again)
