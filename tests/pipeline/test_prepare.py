@@ -1,6 +1,6 @@
-"""Kept bytes copied ahead (issue 22, ``shards.prepare``): on a machine with cores to spare, the kept runs the night
-will most likely splice are copied while the metadata stages run, and a splice takes such a copy only when it holds
-exactly the bytes it would copy itself.
+"""Kept bytes copied ahead (issue 22, ``shards.prepare``): the kept runs the night will most likely splice are
+copied in the pass that proves their base, while the metadata stages run, and a splice takes such a copy only when it
+holds exactly the bytes it would copy itself (and then hashes none of them again).
 
 Real parts: a local folder, the pipeline's stages, a real process pool, TensorFlow reading what was published.
 """
@@ -18,12 +18,12 @@ from image_tfrecords import stages
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.parallel import process_pool
 from image_tfrecords.published import layout
-from image_tfrecords.shards import splice
-from image_tfrecords.shards.prepare import predicted_runs, prepare_copy, prepared_dir, take_prepared
+from image_tfrecords.shards import prepare, splice
+from image_tfrecords.shards.prepare import predicted_runs, prepared_dir, prove_and_copy, take_prepared
 from image_tfrecords.shards.proofs import Prover
 from image_tfrecords.shards.writer import rewrite_shard
 from image_tfrecords.staging import PLAN, SHARDS, staged
-from image_tfrecords.storage import Storage, join
+from image_tfrecords.storage import Storage, join, sha256_states
 from image_tfrecords.storage.documents import read_json
 from tests.pipeline.test_incremental import build, check_version, config, read
 from tests.pipeline.test_proofs import let_provers_finish, pool_night
@@ -41,18 +41,23 @@ def _dropping(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _prepare_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, list[list[int]]]]:
-    """Prove every base shard and copy every predicted one ahead, here, to its end; the proofs staged."""
+    """Prove every base shard, and prove and copy every predicted one ahead (``prove_and_copy``), here, to its end;
+    the proofs staged."""
     prover = _prover(cfg, storage)
     prover.run()
     runs = predicted_runs(cfg, storage, prover.base_uri)
     folder = prepared_dir(cfg, storage)
     assert folder is not None
     os.makedirs(folder, exist_ok=True)
-    prover._prepared_dir = folder  # as ``Prover.copy_ahead`` leaves it, for ``drop_prepared``
+    prover._prepared_dir = folder  # as ``Prover.predict`` leaves it, for ``drop_prepared``
     for file, kept in runs.items():
-        entry = prepare_copy(join(prover.base_uri, file), prover.records[file], kept, os.path.join(folder, file),
-                             os.path.join(folder, "no-stop-flag"))
-        assert entry is not None, file
+        size = os.path.getsize(join(prover.base_uri, file))
+        held, read, entry = prove_and_copy(join(prover.base_uri, file), size, prover.records[file], kept,
+                                           os.path.join(folder, file), os.path.join(folder, "no-stop-flag"))
+        assert entry is not None and held is not None and read == size, file
+        assert held[:2] == (prover.proofs[file]["sha256"], prover.proofs[file]["identity"])  # the same proof
+        assert held[2] == prover.states.get(file, b"")  # and the same saved states, byte for byte
+        assert len(held[2]) == size // sha256_states.STATE_EVERY * sha256_states.CTX_BYTES
         prover.prepared[file] = entry
     assert prover.stop()["copied"] == len(runs)
     return prover, runs
@@ -64,13 +69,17 @@ def test_the_predicted_runs_are_the_plans(tmp_path: Path) -> None:
     storage, _, cfg = night(tmp_path)
     dropping = _dropping(read_json(storage, staged(cfg, PLAN)))
     assert len(dropping) >= 2
-    runs = predicted_runs(cfg, storage, _prover(cfg, storage).base_uri)
+    base_uri = _prover(cfg, storage).base_uri
+    runs = predicted_runs(cfg, storage, base_uri)
     assert runs == {file: origin["runs"] for file, origin in dropping.items()}
+    assert prepare._predicted_from_rows(cfg, storage, base_uri) == runs  # the columns' answer is the rows'
 
 
-def test_copies_ahead_splice_to_the_reference_and_are_taken(tmp_path: Path) -> None:
-    """Each splice takes its copy (not copying again) and its shard is byte for byte the record-by-record
-    reference, with its digest and index; the copy is the splice's own file from then on."""
+def test_copies_ahead_splice_to_the_reference_and_are_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each splice takes its copy (not copying again, its digest resumed from the copy's) and its shard is byte for
+    byte the record-by-record reference, with its digest and index; the copy is the splice's own file from then on.
+    The pass that copies saves the base's SHA-256 states as the prover does (here every 4 KiB)."""
+    monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
     storage, _, cfg = night(tmp_path)
     plan = read_json(storage, staged(cfg, PLAN))
     prover, runs = _prepare_all(cfg, storage)
@@ -141,13 +150,19 @@ def test_a_copy_stops_at_the_flag_and_leaves_no_file(tmp_path: Path) -> None:
     prover = _prover(cfg, storage)
     runs = predicted_runs(cfg, storage, prover.base_uri)
     file, kept = next(iter(runs.items()))
+    path = join(prover.base_uri, file)
+    size = os.path.getsize(path)
     flag, out = tmp_path / "stop", tmp_path / "copy"
     flag.touch()
-    assert prepare_copy(join(prover.base_uri, file), prover.records[file], kept, str(out), str(flag)) is None
+    assert prove_and_copy(path, size, prover.records[file], kept, str(out), str(flag))[::2] == (None, None)
     assert not out.exists()
     flag.unlink()
-    assert prepare_copy(join(prover.base_uri, file), prover.records[file] + 1, kept, str(out), str(flag)) is None
+    assert prove_and_copy(path, size, prover.records[file] + 1, kept, str(out), str(flag))[::2] == (None, None)
     assert not out.exists()  # an index that does not list the records the manifest gives: nothing copied
+    assert prove_and_copy(path, size + 1, prover.records[file], kept, str(out), str(flag))[::2] == (None, None)
+    assert not out.exists()  # not the size its version published
+    held, read, entry = prove_and_copy(path, size, prover.records[file], kept, str(out), str(flag))
+    assert held is not None and entry is not None and read == size and out.stat().st_size == entry["bytes"]
 
 
 def test_a_night_on_four_processes_copies_ahead_and_equals_the_full_build(tmp_path: Path,

@@ -162,8 +162,8 @@ def test_a_prover_stops_when_asked_between_chunks(tmp_path: Path) -> None:
     found = read_json(storage, staged(cfg, "discover.json"))
     prover = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
     assert len(prover.shards) > 2
-    prover.run(until=lambda: len(prover.proofs) >= 1)  # asked between chunks: after the first shard
-    assert prover.stop() == {"proven": 1, "of": len(prover.shards)}
+    prover.run(until=lambda: len(prover.proofs) >= 1)  # asked between chunks: after the first two shards (one pass)
+    assert prover.stop() == {"proven": 2, "of": len(prover.shards)}
 
 
 def test_a_proven_base_edited_while_it_is_spliced_is_not_trusted(tmp_path: Path,
@@ -402,3 +402,33 @@ def test_an_unchanged_night_on_a_pool_stops_its_prover_and_leaves_no_staging(tmp
     assert events[1] == "discard" and events[0].startswith("cancel v1 ") and events[0] != "cancel v1 0 shards", events
     assert not (dest / "d" / "_staging").exists()
     assert sorted(p.name for p in (dest / "d").iterdir()) == ["latest.json", "v1"]
+
+
+def test_two_shards_hashed_at_once_are_each_proven_or_not_on_their_own(tmp_path: Path) -> None:
+    """``prove_files`` hashes two files in one pass (``sha256_states.hash_two_with_states``): each gets its own
+    digest and states, as hashed alone; a missing file, or one of another size than published, costs only its own
+    proof."""
+    import hashlib
+    import random
+
+    from image_tfrecords.shards.proofs import prove_files
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    data_a, data_b = random.Random(1).randbytes(3_500_000), random.Random(2).randbytes(1_200_001)
+    first.write_bytes(data_a)
+    second.write_bytes(data_b)
+    flag = str(tmp_path / "stop")
+    both = prove_files([(str(first), len(data_a)), (str(second), len(data_b))], flag)
+    assert [(held[0], read) for held, read in both] == [(hashlib.sha256(data_a).hexdigest(), len(data_a)),
+                                                         (hashlib.sha256(data_b).hexdigest(), len(data_b))]
+    alone = [prove_files([(str(path), len(data))], flag)[0] for path, data in ((first, data_a), (second, data_b))]
+    assert both == alone  # the same identities and saved states too
+    if sha256_states.available():
+        assert len(both[0][0][2]) == 3 * sha256_states.CTX_BYTES  # a state every MiB
+    missing = prove_files([(str(tmp_path / "gone"), 10), (str(second), len(data_b))], flag)
+    assert missing[0] == (None, 0) and missing[1] == alone[1]
+    resized = prove_files([(str(first), len(data_a)), (str(second), len(data_b) + 1)], flag)
+    assert resized[0] == alone[0] and resized[1][0] is None
+    open(flag, "x").close()  # asked to stop: nothing proven
+    assert [held for held, _ in prove_files([(str(first), len(data_a)), (str(second), len(data_b))], flag)] == \
+        [None, None]

@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from image_tfrecords.rules.base_version import record_digest, row_digests
+from image_tfrecords.rules.base_version import record_key
 from image_tfrecords.storage import Storage
 from image_tfrecords.storage.csv_blocks import Block, Quoted, Ragged, blocks, distinct, within
 from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column, list_rows, row_texts
+from image_tfrecords.storage.span_map import SpanMap
 
 ODD_ROWS: list[list[Any]] = [
     ["plain", "row", "3"],
@@ -148,9 +149,10 @@ def test_rows_with_another_count_of_fields_and_bad_integers_are_refused() -> Non
     assert Block(b"x,007\ny,0\n", 2).integers(1).tolist() == [7, 0]
 
 
-def test_a_row_digest_is_the_record_digest_of_its_fields(tmp_path: Path) -> None:
-    """The join digest taken from a row's bytes (``row_digests``, the column path) is the one taken from its parsed
-    fields (``record_digest``, the row path): for plain rows and for rows this package writes with quotes."""
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_rows_bytes_are_the_record_key_of_its_fields(tmp_path: Path, compiled: bool) -> None:
+    """The join key taken from a row's bytes (a ``SpanMap`` span, the column path) is the one taken from its parsed
+    fields (``record_key``, the row path): for plain rows and for rows this package writes with quotes."""
     odd = [[str(v) for v in row] for row in ODD_ROWS if None not in row]
     uri = str(tmp_path / "odd.csv")
     with RowWriter(Storage(), uri, ["x", "y", "z"]) as writer:
@@ -161,9 +163,13 @@ def test_a_row_digest_is_the_record_digest_of_its_fields(tmp_path: Path) -> None
     with open(uri, newline="", encoding="utf-8") as f:
         f.readline()
         texts = [text.encode() for text in row_texts(f, uri)]
-    for values, text in zip(parsed, texts, strict=True):
-        assert record_digest(values, 3) == row_digests(text, np.array([0]), np.array([len(text)]))[0]
-    assert record_digest(["a", "b,c"], 2) != record_digest(["a,b", "c"], 2)
+    joined = SpanMap(compiled)
+    for number, text in enumerate(texts):
+        joined.add(text, np.array([0]), np.array([len(text)]), np.array([number]))
+    for number, values in enumerate(parsed):
+        assert record_key(values, 3) == texts[number]
+        assert joined.get_key(record_key(values, 3)) == number
+    assert record_key(["a", "b,c"], 2) != record_key(["a,b", "c"], 2)
 
 
 def test_hex_prefixes_are_the_first_64_bits_of_each_digest() -> None:

@@ -4,6 +4,7 @@ cut, for every kind of buffer a splice hashes, in another process too."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import mmap
 import random
 import subprocess
@@ -86,3 +87,43 @@ def test_without_the_library_no_states_are_saved(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sha256_states, "_checked", False)
     monkeypatch.setattr(sha256_states, "_lib", None)
     assert not sha256_states.available()
+
+
+def _pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    """``data`` cut at random places (pieces of 0 to 3000 bytes: partial blocks, whole ones and empty pieces)."""
+    out, at = [], 0
+    while at < len(data):
+        step = rng.choice((0, 1, 63, 64, 65, rng.randrange(0, 3000)))
+        out.append(data[at:at + step])
+        at += step
+    return out
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_two_streams_at_once_give_the_digests_and_states_of_one_after_the_other(
+        compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``update_pair`` and ``hash_two_with_states``: byte for byte the states OpenSSL saves one stream at a time,
+    whatever the cuts, with the compiled two-stream pass or without it."""
+    if compiled and not sha256_states.pairs_compiled():
+        pytest.skip("no compiled two-stream SHA-256 on this machine (no C part, or a CPU without SHA extensions)")
+    if not compiled:
+        monkeypatch.setattr(sha256_states, "_pair", None)
+        monkeypatch.setattr(sha256_states, "_pair_checked", True)
+    assert sha256_states.pairs_compiled() is compiled
+    rng = random.Random(11)
+    for size_a, size_b in ((0, 0), (1, 200_000), (70_000, 3), (123_457, 98_765), (4096, 4096)):
+        a, b = _data(size_a, 1), _data(size_b, 2)
+        first, second = Sha256(), Sha256()
+        for piece_a, piece_b in itertools.zip_longest(_pieces(a, rng), _pieces(b, rng), fillvalue=b""):
+            sha256_states.update_pair(first, piece_a, second, memoryview(piece_b))
+        alone_a, alone_b = Sha256(), Sha256()
+        alone_a.update(a)
+        alone_b.update(b)
+        assert (first.state(), second.state()) == (alone_a.state(), alone_b.state()), (size_a, size_b)
+        assert (first.hexdigest(), second.hexdigest()) == (hashlib.sha256(a).hexdigest(), hashlib.sha256(b).hexdigest())
+        chunks_b = [b[i:i + 5000] for i in range(0, len(b), 5000)]
+        (da, sa, na), (db, sb, nb) = sha256_states.hash_two_with_states(_pieces(a, rng), chunks_b, every=4096)
+        (ra, rsa), (rb, rsb) = hash_with_states([a], every=4096), hash_with_states([b], every=4096)
+        assert (da.state(), sa, db.state(), sb) == (ra.state(), rsa, rb.state(), rsb), (size_a, size_b)
+        assert (na, nb) == (size_a, size_b)
+        assert len(sa) == size_a // 4096 * CTX_BYTES

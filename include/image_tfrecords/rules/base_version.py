@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import itertools
 import mmap
 import os
 from array import array
@@ -34,8 +33,9 @@ from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..source.listing import DISCOVERED_FIELDS
 from ..storage import Storage, is_s3, join
-from ..storage.csv_blocks import Quoted, blocks, spans, within
+from ..storage.csv_blocks import Quoted, blocks, within
 from ..storage.documents import csv_field, list_rows, raw_rows
+from ..storage.span_map import SpanMap
 
 # inspected.csv: one row per file inspection read (images and rejects); ``reason`` is set for a reject
 INSPECTION_FIELDS = ("filename", "num_bytes", "stamp", "sha256", "format", "width", "height", "channels",
@@ -271,8 +271,8 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
     """``inspections`` read as columns (``csv_blocks``): for each row of ``discovered``, where the base's
     inspection of it is in the base's inspected.csv (``offset << 32 | length`` of its row, -1 for none) and its
     size, and the path of that file (local: a copy in ``folder`` from S3); None when either table is to be read
-    row by row. The join is on the keys' text (file name, size and stamp: about 100 bytes of memory per base row):
-    cut from a block, a key costs less than its digest."""
+    row by row. The join is on the keys' text (file name, size and stamp), in a ``SpanMap``: about 150 bytes of
+    memory per base row."""
     import numpy as np
 
     uri = join(base.uri, layout.INSPECTED) if base else None
@@ -282,7 +282,7 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
     if is_s3(uri):
         path = os.path.join(folder, "inspected.csv")
         storage.download(uri, path)
-    known: dict[bytes, int] = {}
+    known = SpanMap()
     retried = np.array([reason.encode() for reason in RETRIED_REASONS])
     reason = INSPECTION_FIELDS.index("reason")
     found, sizes = [], []
@@ -291,13 +291,11 @@ def carried_inspections(storage: Storage, base: Base | None, discovered: str, fo
             for part in parts:
                 rows = np.flatnonzero(~within(part.column(reason), retried))  # those read again have no say
                 starts, stops = part.starts[rows, 0], part.stops[rows, -1]
-                keys = spans(part.data, starts, part.stops[rows, 2])  # "name,size,stamp" (no field holds a comma here)
-                known.update(zip(keys, ((part.offset + starts) << 32 | (stops - starts)).tolist(), strict=True))
+                # "name,size,stamp" (no field holds a comma here)
+                known.add(part.data, starts, part.stops[rows, 2], (part.offset + starts) << 32 | (stops - starts))
         with blocks(storage, discovered, ",".join(DISCOVERED_FIELDS)) as parts:
             for part in parts:  # name, then ",size,stamp" (the label's end is the comma before the size)
-                keys = list(map(bytes.__add__, spans(part.data, part.starts[:, 0], part.stops[:, 0]),
-                                spans(part.data, part.stops[:, 1], part.stops[:, 3])))
-                where = np.fromiter(map(known.get, keys, itertools.repeat(-1)), dtype=np.int64, count=len(part))
+                where = known.get(part.data, part.starts[:, 0], part.stops[:, 0], part.stops[:, 1], part.stops[:, 3])
                 where[part.stops[:, 3] == part.starts[:, 3]] = -1  # no stamp: nothing proves the file unchanged
                 found.append(where)
                 sizes.append(part.integers(2))
@@ -327,54 +325,48 @@ def _keys(rows: Any, fields: tuple[str, ...]) -> Iterator[tuple[str, str, list[s
 
 def _join_key(fields: list[str]) -> str:
     """A record's join key: its record fields, in the build's order, as this package's CSV rows give them (so
-    the text of a row's first fields is its key: ``row_digest``). Two keys are equal only for equal fields."""
+    the text of a row's first fields is its key, as the column path takes it). Two keys are equal only for equal
+    fields."""
     line = ",".join(fields)
     if '"' in line or "\n" in line or "\r" in line or line.count(",") != len(fields) - 1:
         return ",".join(csv_field(value) if value else "" for value in fields)
     return line
 
 
-def record_digest(values: list[str], width: int) -> bytes:
-    """The join digest of a records.csv or labels.csv row whose first ``width`` fields are the build's record
-    fields (as ``_keys`` takes them)."""
-    return _digest(_join_key(values[:width]))
+def record_key(values: list[str], width: int) -> bytes:
+    """The join key of a records.csv or labels.csv row whose first ``width`` fields are the build's record fields
+    (as ``_keys`` takes them): the bytes the column path takes from a row of the same fields as they are."""
+    return _join_key(values[:width]).encode("utf-8", "surrogateescape")
 
 
-def row_digests(data: bytes, starts: Any, stops: Any) -> list[bytes]:
-    """The join digests of the rows of ``data`` whose record fields are ``data[start:stop]``: ``record_digest``
-    of each, taken from the bytes as they are."""
-    blake = hashlib.blake2b
-    return [blake(data[a:b], digest_size=16).digest() for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple[SpanMap, list[str]]:
+    """The records the base holds: the join key of each (its record fields' text, ``record_key``) -> its shard (a
+    number into the list returned with it) and place in it, packed in one int (``shard << 32 | place + 1``; place 0:
+    the base's labels.csv does not give it).
 
-
-def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple[dict[bytes, int], list[str]]:
-    """The records the base holds: the join digest of each (``record_digest``) -> its shard (a number into the
-    list returned with it) and place in it, packed in one int (``shard << 32 | place + 1``; place 0: the base's
-    labels.csv does not give it).
-
-    A hash join on 128-bit digests of the keys (the record's file name and every field that decides its bytes),
-    so memory holds about 100 bytes per base record. A labels.csv of this build's columns without a quoted field
-    is read as columns (``csv_blocks``), any other row by row."""
+    A hash join on the keys (the record's file name and every field that decides its bytes), in a ``SpanMap``: the
+    compiled one holds each key's bytes and 64 bytes (about 200 bytes a base record), its Python fallback a digest
+    (about 100). A labels.csv of this build's columns without a quoted field is read as columns (``csv_blocks``),
+    any other row by row."""
     import numpy as np
 
     uri = join(base.uri, layout.LABELS)
     width = len(fields)
     try:
         with blocks(storage, uri, ",".join((*fields, "shard", "shard_position"))) as parts:
-            known: dict[bytes, int] = {}
+            known = SpanMap()
             numbered: dict[bytes, int] = {}  # shard file -> its number
             for part in parts:
                 names, shard_of = np.unique(part.column(width), return_inverse=True)
                 numbers = np.array([numbered.setdefault(name, len(numbered)) for name in names.tolist()],
                                    dtype=np.int64)
                 packed = numbers[shard_of.ravel()] << 32 | (part.integers(width + 1) + 1)
-                known.update(zip(row_digests(part.data, *part.row_slices(0, width - 1)), packed.tolist(),
-                                 strict=True))
+                known.add(part.data, *part.row_slices(0, width - 1), packed)
             return known, [name.decode("utf-8", "surrogateescape") for name in numbered]
     except (Quoted, ValueError):
         pass
     shards: dict[str, int] = {}
-    known = {}
+    known = SpanMap()
     with list_rows(storage, uri) as rows:
         names = rows.fieldnames or []
         shard = names.index("shard") if "shard" in names else None
@@ -383,5 +375,5 @@ def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple
             name = values[shard] if shard is not None and shard < len(values) else ""
             number = shards.setdefault(name, len(shards))
             at = values[place] if place is not None and place < len(values) else ""
-            known[_digest(key)] = number << 32 | (int(at) + 1 if at else 0)
+            known.add_key(key.encode("utf-8", "surrogateescape"), number << 32 | (int(at) + 1 if at else 0))
     return known, list(shards)

@@ -1,20 +1,21 @@
-"""Copy the kept bytes of the base shards ahead, on a machine with cores to spare.
+"""Copy the kept bytes of the base shards ahead, in the pass that proves them, while the metadata stages run.
 
-A night's spliced shard is its base shard's kept runs of records, copied by the kernel, then its new records
-(``shards.splice``). On a many-core machine the copying is bound by the disk, not the cores: nine 93 MB shards
-spliced at once wait for the disk to take 850 MB. Those bytes need not wait for the plan. Once discovery has
-listed the source, the records a night keeps are, but for rare cases, those whose source file is listed again
-unchanged (name, size and stamp as the base's ``inspected.csv`` has them): ``predicted_runs`` joins the listing
-with the base's ``inspected.csv`` and ``labels.csv`` (in a pool process), and ``prepare_copy`` copies each base
-shard's predicted runs into a file beside the staged shards (``prepared_dir``; pool processes too, while the
-metadata stages run), and starts the disk on it.
+A night's spliced shard is its base shard's kept runs of records, then its new records (``shards.splice``). Its
+kept bytes must reach the disk (4.65 GB at 100,000 images, about 4 s for this VM's disk), and need not wait for
+the plan: once discovery has listed the source, the records a night keeps are, but for rare cases, those whose
+source file is listed again unchanged (name, size and stamp as the base's ``inspected.csv`` has them).
+``predicted_runs`` joins the listing with the base's ``inspected.csv`` and ``labels.csv`` (in a pool process), and
+the prover (``shards.proofs``) then takes each base shard that loses records through ``prove_and_copy``: one pass
+over its bytes hashes the base (its proof), writes the predicted runs into a file beside the staged shards
+(``prepared_dir``) and hashes them as they are written (two SHA-256 streams at once, ``sha256_states.update_pair``),
+and starts the disk on them; the state of that second digest goes with the copy.
 
 A prepared copy is only a head start. The splice takes it (``take_prepared``) only when its runs are the plan's,
 its base is the file this build's prover proved and the copy was made from (same identity before and after),
 the base index it used is the one the plan's origin gives, and the copy is still the file, and the size, it
-was left as: then the copy is the splice's own bytes, byte for byte. Any other copy is left, and removed with
-the folder after the write stage. Whether a splice took one is in its result (``copied_ahead``), never in the
-version's bytes or manifest.
+was left as: then the copy is the splice's own bytes, byte for byte, and the splice's digest goes on from the
+copy's state with the new records. Any other copy is left, and removed with the folder after the write stage.
+Whether a splice took one is in its result (``copied_ahead``), never in the version's bytes or manifest.
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ from typing import Any
 
 from ..config import BuildConfig
 from ..published import layout
+from ..rules.base_version import INSPECTION_FIELDS
 from ..rules.shards import runs_of
+from ..source.listing import DISCOVERED_FIELDS
 from ..staging import DISCOVERED, SHARDS, TMP_PREFIX, staged
-from ..storage import Storage, join
+from ..storage import Storage, join, sha256_states
+from ..storage.base import MAPPED_CHUNK, mapped_chunks
+from ..storage.csv_blocks import Quoted, Ragged, blocks, table_blocks
 from ..storage.documents import list_rows
+from ..storage.span_map import SpanMap
 from ..storage.writeback import start_writeback
-from .proofs import identity
+from .proofs import Held, identity
 
 PREPARED = TMP_PREFIX + "prepared"  # the folder of the prepared copies, beside the staged shards
 
@@ -46,7 +52,49 @@ def prepared_dir(cfg: BuildConfig, storage: Storage) -> str | None:
 def predicted_runs(cfg: BuildConfig, storage: Storage, base_uri: str) -> dict[str, list[list[int]]]:
     """In a pool process: for each base shard that loses records, the ``[start, stop)`` runs of its places whose
     source file is listed again with the size and stamp the base's ``inspected.csv`` gives (a file without a
-    stamp counts as changed). Shards that keep every record are left out (reused, or extended at their end)."""
+    stamp counts as changed). Shards that keep every record are left out (reused, or extended at their end).
+    Read as columns (``csv_blocks``, the joins in a ``SpanMap``: about 1 us a row), or row by row for a table with
+    a quoted field."""
+    try:
+        return _predicted_from_blocks(cfg, storage, base_uri)
+    except (Quoted, Ragged, ValueError):
+        return _predicted_from_rows(cfg, storage, base_uri)
+
+
+def _predicted_from_blocks(cfg: BuildConfig, storage: Storage, base_uri: str) -> dict[str, list[list[int]]]:
+    import numpy as np
+
+    listed, unchanged = SpanMap(), SpanMap()
+    with blocks(storage, staged(cfg, DISCOVERED), ",".join(DISCOVERED_FIELDS)) as parts:
+        for part in parts:  # "name" + ",size,stamp" (the label's end is the comma before the size), stamped ones
+            rows = np.flatnonzero(part.stops[:, 3] > part.starts[:, 3])
+            listed.add(part.data, part.starts[rows, 0], part.stops[rows, 0], np.ones(len(rows), dtype=np.int64),
+                       part.stops[rows, 1], part.stops[rows, 3])
+    with blocks(storage, join(base_uri, layout.INSPECTED), ",".join(INSPECTION_FIELDS)) as parts:
+        for part in parts:  # "name,size,stamp"
+            rows = np.flatnonzero(listed.get(part.data, part.starts[:, 0], part.stops[:, 2]) > 0)
+            unchanged.add(part.data, part.starts[rows, 0], part.stops[rows, 0], np.ones(len(rows), dtype=np.int64))
+    kept_of: dict[str, list[Any]] = {}
+    dropped: set[str] = set()
+    with table_blocks(storage, join(base_uri, layout.LABELS)) as (names, parts):
+        if names[0] != "filename" or "shard" not in names or "shard_position" not in names:
+            return {}
+        shard, place = names.index("shard"), names.index("shard_position")
+        for part in parts:
+            keep = unchanged.get(part.data, part.starts[:, 0], part.stops[:, 0]) > 0
+            files, which = np.unique(part.column(shard), return_inverse=True)
+            places = part.integers(place)
+            for number, file in enumerate(files.tolist()):
+                mine = which.ravel() == number
+                name = file.decode("utf-8", "surrogateescape")
+                kept_of.setdefault(name, []).append(places[mine & keep])
+                if not keep[mine].all():
+                    dropped.add(name)
+    return {file: runs_of(np.sort(np.concatenate(kept_of[file])).tolist()) for file in sorted(dropped)}
+
+
+def _predicted_from_rows(cfg: BuildConfig, storage: Storage, base_uri: str) -> dict[str, list[list[int]]]:
+    """``predicted_runs`` row by row."""
     listed: set[str] = set()
     with list_rows(storage, staged(cfg, DISCOVERED)) as rows:  # filename, label, num_bytes, stamp
         for values in rows.reader:
@@ -74,41 +122,76 @@ def predicted_runs(cfg: BuildConfig, storage: Storage, base_uri: str) -> dict[st
     return {file: runs_of(sorted(places[file])) for file in sorted(dropped)}
 
 
-def prepare_copy(base_path: str, num_records: int, runs: list[list[int]], out_path: str,
-                 stop_flag: str) -> dict[str, Any] | None:
-    """In a pool process: copy the bytes of ``runs`` of the base shard at ``base_path`` (``num_records`` records,
-    placed by its ``.tfindex``) into a new file at ``out_path``, and start the disk on it. Returns what
-    ``take_prepared`` checks; None (and no file) when the base or its index cannot be read as they are, the base
-    changed while it was copied, or ``stop_flag`` appeared (asked between runs)."""
-    from .splice import DamagedBase, _copy_range, _index
+def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[list[int]], out_path: str,
+                   stop_flag: str) -> tuple[Held | None, int, dict[str, Any] | None]:
+    """In a pool process, in one pass over the base shard at ``base_path`` (read into one buffer, as the prover
+    reads): its SHA-256 with states saved every MiB (the prover's proof, ``Held``), and the bytes of ``runs`` (its
+    records, placed by its ``.tfindex``) written into a new file at ``out_path``, with the SHA-256 state of those
+    bytes (the spliced shard's digest up to its new records: a splice that takes the copy hashes none of them again).
+    The two digests are two streams of the same pass (``sha256_states.update_pair``). Returns the proof (None when
+    the file is not ``num_bytes`` long), the bytes read and what ``take_prepared`` checks (None, and no file, when
+    the base or its index cannot be read as they are, the base changed while it was read, or ``stop_flag``
+    appeared: asked between chunks)."""
+    from .splice import DamagedBase, _index
 
+    read, every = 0, sha256_states.STATE_EVERY
     try:
         with open(layout.index_file(base_path), "rb") as f:
             index_data = f.read()
         starts, lengths = _index(index_data, num_records)
-        ends = (starts + lengths).tolist()
-        first_bytes = starts.tolist()
         if any(not 0 <= start < stop <= num_records for start, stop in runs):
-            return None
+            return None, 0, None
+        ends, first_bytes = (starts + lengths).tolist(), starts.tolist()
+        kept = [(first_bytes[start], ends[stop - 1]) for start, stop in runs]
         with open(base_path, "rb", buffering=0) as base, open(out_path, "xb", buffering=0) as out:
             before = identity(os.fstat(base.fileno()))
-            written = 0
-            for start, stop in runs:
-                if os.path.exists(stop_flag):
-                    raise InterruptedError
-                first, last = first_bytes[start], ends[stop - 1]
-                _copy_range(base.fileno(), out.fileno(), first, last - first, written, memoryview(b""))
-                written += last - first
-            if os.fstat(out.fileno()).st_size != written or identity(os.fstat(base.fileno())) != before:
+            if before[2] != num_bytes or not num_bytes or (ends and ends[-1] != num_bytes):
+                raise InterruptedError
+            base_digest, kept_digest, states = sha256_states.Sha256(), sha256_states.Sha256(), []
+            written, k = 0, 0
+            for chunk in mapped_chunks(base, lambda: os.path.exists(stop_flag), MAPPED_CHUNK):
+                at, stop = read, read + len(chunk)
+                while at < stop:  # pieces up to the next saved state, or the next edge of a kept run
+                    while k < len(kept) and kept[k][1] <= at:
+                        k += 1
+                    inside = k < len(kept) and kept[k][0] <= at
+                    end = min(stop, (at // every + 1) * every,
+                              (kept[k][1] if inside else kept[k][0]) if k < len(kept) else stop)
+                    piece = chunk[at - read:end - read]
+                    if inside:
+                        sha256_states.update_pair(base_digest, piece, kept_digest, piece)
+                        _write_all(out.fileno(), piece, written)
+                        written += end - at
+                    else:
+                        base_digest.update(piece)
+                    at = end
+                    if at % every == 0:
+                        states.append(base_digest.state())
+                read = stop
+            if read != num_bytes or identity(os.fstat(base.fileno())) != before or \
+                    written != sum(last - first for first, last in kept):
                 raise InterruptedError
             start_writeback(out.fileno(), 0, written)
             copy = identity(os.fstat(out.fileno()))
-        return {"runs": runs, "base_identity": before, "identity": copy, "bytes": written,
-                "index_sha256": hashlib.sha256(index_data).hexdigest(), "path": out_path}
-    except (OSError, ValueError, IndexError, DamagedBase, InterruptedError):
+        entry = {"runs": runs, "base_identity": before, "identity": copy, "bytes": written,
+                 "index_sha256": hashlib.sha256(index_data).hexdigest(), "path": out_path,
+                 "kept_state": kept_digest.state().hex()}
+        return (base_digest.hexdigest(), before, b"".join(states)), read, entry
+    except (OSError, ValueError, IndexError, DamagedBase, InterruptedError, RuntimeError):
         with contextlib.suppress(OSError):
             os.unlink(out_path)
-        return None
+        return None, read, None
+
+
+def _write_all(fd: int, data: Any, at: int) -> None:
+    """``data`` written at ``at`` in ``fd``, however few bytes each write takes."""
+    with memoryview(data) as view:
+        done = 0
+        while done < len(view):
+            wrote = os.pwrite(fd, view[done:], at + done)
+            if wrote <= 0:
+                raise OSError(f"a write of {len(view) - done} bytes wrote {wrote}")
+            done += wrote
 
 
 def take_prepared(entry: dict[str, Any] | None, origin: dict[str, Any], base_identity: list[int], kept_bytes: int,

@@ -5,7 +5,8 @@ proven: its SHA-256 must be the one its version published. Hashing them is most 
 (4.65 GB at 100,000 images, about 3 s of a core), and the stages before the write (inspect's join, split,
 plan: Python over every row) keep one core busy and leave the others idle. So ``run_pipeline`` starts a
 ``Prover`` once discovery has found changes: it hashes the base shards in the build's process pool
-(``prove_file``, up to ``--workers`` - 1 at a time; on a thread of this process without a pool) while those
+(``prove_files``, up to ``--workers`` - 1 jobs at a time, each hashing two shards at once as two streams in one
+pass, ``sha256_states.update_pair``; on a thread of this process without a pool) while those
 stages run, and is stopped before the first stage that uses them, whatever it got through (the DAG runs
 ``stages.prove_stage`` as a task beside those stages instead, which stops once the attempt's plan is staged).
 It stages what it proved (``proofs.json``): for each shard that hashed to its published digest, the file's
@@ -18,8 +19,10 @@ record it drops, where the prefix it shares with its base ends; any other (a
 shard not reached, a file replaced, touched or rewritten since, an S3 destination, a task on another machine)
 is hashed where it is used, as before. A shard that did not hash to its digest is only left unproven: the stage
 that uses it finds the damage itself and says so. Files are read into one buffer, not mapped: a bad sector, or
-a file cut short while it is read, is an error that leaves the shard unproven, never a SIGBUS. With cores to
-spare it also copies the kept bytes ahead (``copy_ahead``, ``shards.prepare``), and stages those copies too.
+a file cut short while it is read, is an error that leaves the shard unproven, never a SIGBUS. Once discovery has
+listed the source, ``predict`` asks which runs of records each base shard keeps (``shards.prepare``): a shard that
+loses records is then proven and its kept bytes copied in the same pass (``prove_and_copy``), and those copies are
+staged too.
 
 The pool's first task forks its workers, so ``start`` is called on the main thread; the pool's jobs stop at a
 flag file (``STOP_FLAG``) between chunks, and the callbacks that hand out the next shard take only this
@@ -37,9 +40,9 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, wait
-from functools import partial
 from typing import Any
 
 from ..config import BuildConfig
@@ -48,7 +51,7 @@ from ..records.schema import schema_of
 from ..rules.base_version import base_of, why_not_reuse_shards
 from ..staging import staged
 from ..storage import Storage, is_s3, join, sha256_states
-from ..storage.base import read_chunks, sha256_read
+from ..storage.base import MAPPED_CHUNK, mapped_chunks, read_chunks, sha256_read
 from ..storage.documents import read_json, write_json
 
 PROOFS = "proofs.json"  # in the build's staging prefix
@@ -139,8 +142,10 @@ class Prover:
         self._lock = threading.RLock()  # a callback may run at once, on the thread that holds it
         self._pool: Executor | None = None
         self._flag_dir, self._started = "", 0.0
-        self._todo: Iterator[tuple[str, str, int]] = iter(())
-        self._in_flight: dict[Future[Any], tuple[str, str]] = {}
+        self._todo: deque[tuple[str, str, int]] = deque()
+        self._width, self._deferred = 1, False  # jobs at a time; whether they wait for the prediction
+        self._in_flight: dict[Future[Any], list[tuple[str, str]]] = {}
+        self.runs: dict[str, list[list[int]]] | None = None  # the predicted runs of the base shards that lose records
         self.base_uri, self.records = "", {}
         self.prepared: dict[str, dict[str, Any]] = {}  # base shard file -> its prepared copy (shards.prepare)
         self._prepared_dir = ""
@@ -159,11 +164,12 @@ class Prover:
         self.shards = [(s.file, s.sha256, s.num_bytes) for s in entries]
         self.records = {s.file: s.num_records for s in entries}
 
-    def start(self, pool: Executor | None = None, width: int = 1) -> Prover:
+    def start(self, pool: Executor | None = None, width: int = 1, predict: bool = False) -> Prover:
         """Start hashing (nothing to do for a build that uses no base shards): on a thread of this process, or
-        with ``pool``, ``width`` shards at a time in its processes (``prove_file``), where no hashing waits for
-        this process's GIL. The pool's first task forks its workers: call this on the thread that imports (the
-        main one), never while another thread of this process may hold a lock."""
+        with ``pool``, ``width`` jobs at a time in its processes (``prove_files``, ``prove_and_copy``), where no
+        hashing waits for this process's GIL; ``predict``: discovery has listed the source, and the jobs start once
+        ``predict`` has told which runs each base shard keeps. The pool's first task forks its workers: call this
+        on the thread that imports (the main one), never while another thread of this process may hold a lock."""
         if not self.shards:
             return self
         self._started = time.perf_counter()
@@ -175,61 +181,49 @@ class Prover:
             self._flag_dir = tempfile.mkdtemp(prefix="prove-")
         except OSError:  # no temporary folder: only a head start, so none
             return self
-        self._pool, self._todo = pool, iter(self.shards)
-        for _ in range(max(1, width)):
-            self._submit_next()
+        self._pool, self._todo, self._width = pool, deque(self.shards), max(1, width)
+        self._deferred = predict
+        if not (predict and self.predict()):
+            self._deferred = False
+            for _ in range(self._width):
+                self._submit_next()
         return self
 
-    def copy_ahead(self) -> None:
-        """Copy the kept bytes of the shards the night will most likely splice ahead, in the pool ``start`` was
-        given (``shards.prepare``: for a machine with cores to spare; asked once inspection's pool work is done,
-        so that it never waits behind the copies): the prediction first, then a copy per base shard."""
+    def predict(self) -> bool:
+        """Predict which runs of records the night keeps of each base shard (``shards.prepare.predicted_runs``, in
+        the pool ``start`` was given, once discovery has listed the source): from then on, a base shard that loses
+        records is proven and its kept bytes copied in one pass (``prove_and_copy``), the disk writing them while
+        the metadata stages run; the others are proven two at a time. Returns whether a prediction was asked."""
         from .prepare import predicted_runs, prepared_dir
 
         folder = prepared_dir(self.cfg, self.storage) if self.shards and self.cfg.compression == "none" else None
-        if folder is None or self._pool is None or self._stop.is_set() or self._prepared_dir:
-            return  # (gzip shards are rewritten record by record: no byte range of theirs is kept)
+        if folder is None or self._pool is None or self._stop.is_set() or self._prepared_dir or \
+                not sha256_states.available():
+            return False  # (gzip shards are rewritten record by record: no byte range of theirs is kept)
         try:
             os.makedirs(folder, exist_ok=True)
             self._prepared_dir = folder
             job = self._pool.submit(predicted_runs, self.cfg, self.storage, self.base_uri)
         except Exception:  # only a head start
-            return
+            return False
         with self._lock:
             self._side.add(job)
-        job.add_done_callback(self._copy_predicted)
+        job.add_done_callback(self._predicted)
+        return True
 
-    def _copy_predicted(self, job: Future[dict[str, list[list[int]]]]) -> None:
-        from .prepare import prepare_copy
-
+    def _predicted(self, job: Future[dict[str, list[list[int]]]]) -> None:
         with self._lock:
             self._side.discard(job)
             try:
-                runs = {} if job.cancelled() else job.result()
+                runs = None if job.cancelled() else job.result()
             except Exception:  # only a head start
-                runs = {}
-            for file, kept in runs.items():
-                if self._stop.is_set() or file not in self.records or not kept:
-                    continue
-                path = join(self.cfg.dataset_uri, self.version or "", file)
-                try:
-                    copy = self._pool.submit(prepare_copy, path, self.records[file], kept,  # type: ignore[union-attr]
-                                             os.path.join(self._prepared_dir, file),
-                                             os.path.join(self._flag_dir, STOP_FLAG))
-                except Exception:  # a pool shut down or broken
-                    break
-                self._side.add(copy)
-                copy.add_done_callback(partial(self._copied, file))
-
-    def _copied(self, file: str, job: Future[dict[str, Any] | None]) -> None:
-        with self._lock:
-            self._side.discard(job)
-            try:
-                entry = None if job.cancelled() else job.result()
-            except Exception:  # only a head start
-                entry = None
-            if entry is not None:
-                self.prepared[file] = entry
+                runs = None
+            if runs is not None:
+                self.runs = {file: kept for file, kept in runs.items() if file in self.records and kept}
+            if self._deferred:  # (``start`` left the jobs to this moment)
+                self._deferred = False
+                for _ in range(self._width):
+                    self._submit_next()
 
     def drop_prepared(self) -> None:
         """Remove the prepared copies no splice took (after the write stage, or when the build ends)."""
@@ -237,34 +231,53 @@ class Prover:
             shutil.rmtree(self._prepared_dir, ignore_errors=True)
 
     def _submit_next(self) -> None:
-        """Hand the next shard to the pool (``start``, then each finished shard's callback)."""
+        """Hand the next shards to the pool (``start``, then each finished job's callback): a shard whose kept runs
+        are predicted is proven and copied (``prove_and_copy``); others two at a time, hashed at once as two streams
+        in one pass (``prove_files``)."""
+        from .prepare import prove_and_copy
+
         with self._lock:
-            item = None if self._stop.is_set() else next(self._todo, None)
-            if item is None:
+            if self._stop.is_set() or not self._todo:
                 return
-            file, sha256, num_bytes = item
-            path = join(self.cfg.dataset_uri, self.version or "", file)
+            runs = self.runs or {}
+            items = [self._todo.popleft()]
+            if items[0][0] not in runs and self._todo and self._todo[0][0] not in runs:
+                items.append(self._todo.popleft())
+            paths = [join(self.cfg.dataset_uri, self.version or "", file) for file, _, _ in items]
+            flag = os.path.join(self._flag_dir, STOP_FLAG)
             try:
-                job = self._pool.submit(prove_file, path, num_bytes, os.path.join(self._flag_dir, STOP_FLAG))
+                if items[0][0] in runs:
+                    file, _, size = items[0]
+                    job = self._pool.submit(prove_and_copy, paths[0], size, self.records[file], runs[file],  # type: ignore[union-attr]
+                                            os.path.join(self._prepared_dir, file), flag)
+                else:
+                    job = self._pool.submit(prove_files, [(path, size) for path, (_, _, size) in  # type: ignore[union-attr]
+                                                          zip(paths, items, strict=True)], flag)
             except Exception as exc:  # a pool shut down or broken: only a head start
                 self.failed = f"{type(exc).__name__}: {exc}"
                 return
-            self._in_flight[job] = (file, sha256)
+            self._in_flight[job] = [(file, sha256) for file, sha256, _ in items]
         job.add_done_callback(self._finished)  # (at once, on this thread, when it is done already)
 
-    def _finished(self, job: Future[tuple[str, list[int], int] | None]) -> None:
-        with self._lock:  # the next shard is handed out before the lock is let go: no one sees none in flight between
-            file, sha256 = self._in_flight.pop(job)
+    def _finished(self, job: Future[Any]) -> None:
+        """A job's proofs (``prove_files``: a list of (proof, bytes read); ``prove_and_copy``: one, and its copy)."""
+        with self._lock:  # the next shards are handed out before the lock is let go: no one sees none in flight between
+            items = self._in_flight.pop(job)
             try:
-                held = None if job.cancelled() else job.result()
+                result = None if job.cancelled() else job.result()
             except Exception as exc:  # a broken pool: only a head start
                 self.failed = self.failed or f"{type(exc).__name__}: {exc}"
-                held = None
-            if held is not None:
-                digest, ident, states, read = held
+                result = None
+            copy = None
+            if isinstance(result, tuple):  # prove_and_copy's
+                held, read, copy = result
+                result = [(held, read)]
+            for (file, sha256), (held, read) in zip(items, result or [(None, 0)] * len(items), strict=True):
                 self.bytes_hashed += read
-                if digest == sha256:
-                    self._proved(file, sha256, ident, states)
+                if held is not None and held[0] == sha256:
+                    self._proved(file, sha256, held[1], held[2])
+                    if copy is not None:
+                        self.prepared[file] = copy
             self.seconds = time.perf_counter() - self._started
             self._submit_next()
 
@@ -274,14 +287,15 @@ class Prover:
         started = time.perf_counter()
         self._until = until
         try:
-            for file, sha256, num_bytes in self.shards:
+            for first in range(0, len(self.shards), 2):
                 if self._stopped():
                     break
-                if (held := self._prove(join(self.cfg.dataset_uri, self.version or "", file), num_bytes)) is None:
-                    continue
-                digest, ident, states = held
-                if digest == sha256:
-                    self._proved(file, sha256, ident, states)
+                pair = self.shards[first:first + 2]
+                for (file, sha256, _), held in zip(pair, self._prove([(join(self.cfg.dataset_uri, self.version or "",
+                                                                            file), size) for file, _, size in pair]),
+                                                   strict=True):
+                    if held is not None and held[0] == sha256:
+                        self._proved(file, sha256, held[1], held[2])
         except Exception as exc:  # only a head start: the shards are hashed where they are used
             self.failed = f"{type(exc).__name__}: {exc}"  # told by ``stop``: this thread logs nothing (see above)
         finally:
@@ -294,11 +308,11 @@ class Prover:
                                            "sha256": hashlib.sha256(states).hexdigest()}
             self.states[file] = states
 
-    def _prove(self, path: str, num_bytes: int) -> Held | None:
-        """``_hash_shard`` of the file at ``path``, stopping when this prover is stopped; counts the bytes read."""
-        held, read = _hash_shard(path, num_bytes, self._stopped)
-        self.bytes_hashed += read
-        return held
+    def _prove(self, files: list[tuple[str, int]]) -> list[Held | None]:
+        """``_hash_shards`` of the files (path, bytes), stopping when this prover is stopped; counts the bytes read."""
+        results = _hash_shards(files, self._stopped)
+        self.bytes_hashed += sum(read for _, read in results)
+        return [held for held, _ in results]
 
     def _stopped(self) -> bool:
         if not self._stop.is_set() and self._until():
@@ -351,11 +365,42 @@ class Prover:
             self._thread = None
 
 
-def prove_file(path: str, num_bytes: int, stop_flag: str) -> tuple[str, list[int], bytes, int] | None:
-    """In a pool's process: ``_hash_shard`` of the file at ``path`` and the bytes read, or None; stops when
-    ``stop_flag`` exists (asked between chunks)."""
-    held, read = _hash_shard(path, num_bytes, lambda: os.path.exists(stop_flag))
-    return None if held is None else (*held, read)
+def prove_files(files: list[tuple[str, int]], stop_flag: str) -> list[tuple[Held | None, int]]:
+    """In a pool's process: ``_hash_shards`` of the files (path, bytes); stops when ``stop_flag`` exists (asked
+    between chunks)."""
+    return _hash_shards(files, lambda: os.path.exists(stop_flag))
+
+
+def _hash_shards(files: list[tuple[str, int]], stopped: Callable[[], bool]) -> list[tuple[Held | None, int]]:
+    """``_hash_shard`` of each file (path, bytes), two at once where their states can be saved: their bytes hashed
+    as two streams in one pass (``sha256_states.hash_two_with_states``: the same digests and states)."""
+    if len(files) != 2 or not sha256_states.available():
+        return [_hash_shard(path, size, stopped) for path, size in files]
+    with contextlib.ExitStack() as stack:
+        opened = []
+        for path, size in files:
+            try:
+                file = stack.enter_context(open(path, "rb", buffering=0))
+                stat = os.fstat(file.fileno())
+            except OSError:
+                return [(None, 0), _hash_shard(*files[1], stopped)] if not opened else \
+                    [_hash_shard(*files[0], stopped), (None, 0)]
+            opened.append((file, stat, size))
+        if any(stat.st_size != size or not size for _, stat, size in opened):  # not the file its version published
+            return [_hash_shard(path, size, stopped) for path, size in files]
+        try:
+            hashed = sha256_states.hash_two_with_states(*(mapped_chunks(file, stopped, MAPPED_CHUNK)
+                                                         for file, _, _ in opened))
+        except (OSError, ValueError):
+            return [(None, 0), (None, 0)]
+        results: list[tuple[Held | None, int]] = []
+        for (file, stat, size), (digest, states, read) in zip(opened, hashed, strict=True):
+            try:
+                same = read == size and identity(os.fstat(file.fileno())) == identity(stat)
+            except OSError:
+                same = False
+            results.append(((digest.hexdigest(), identity(stat), states) if same else None, read))
+        return results
 
 
 def _hash_shard(path: str, num_bytes: int, stopped: Callable[[], bool]) -> tuple[Held | None, int]:

@@ -203,10 +203,13 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         stack.callback(view.release)
         kept_total = sum(ends[stop - 1] - first_bytes[start] for start, stop in runs)
         # The kept bytes copied ahead (shards.prepare), from this very base: the splice's own bytes, not copied again
-        prepared = take_prepared(prepared_entry(cfg, storage, origin), origin, proof, kept_total, path) \
-            if ahead else None
+        entry_ahead = prepared_entry(cfg, storage, origin) if ahead else None
+        prepared = take_prepared(entry_ahead, origin, proof, kept_total, path) if ahead else None
         if prepared is not None:
             stack.enter_context(prepared)
+        # A copy made in the pass that proved its base carries the new digest of its bytes: none is hashed again
+        kept_state = bytes.fromhex(entry_ahead.get("kept_state") or "") if prepared is not None and entry_ahead \
+            else b""
         # The base's digest on the other core. Up to the first record the night drops, the new shard's bytes are the
         # base's: that prefix is hashed once, and the new digest starts from a copy of its state. A base proven ahead
         # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them (where
@@ -241,23 +244,40 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         # 100,000-image night: write stage 3.62 -> 3.28 s, medians of 3 taking turns); where copy_file_range shares
         # blocks or copies on a server, the kernel copies them while the new shard is hashed beside.
         written_here = not remote and prepared is None and copies_pages(stat.st_dev, os.stat(tmp).st_dev)
+        # A base not proven ahead, written here where two streams hash in one pass: that pass takes the base's digest
+        # and the new shard's together, on this thread, instead of the base's on a thread of its own beside it
+        paired = written_here and not ahead and sha256_states.pairs_compiled()
         done = prefix  # the new digest's bytes before this are the base's, hashed by the thread below
         if written_here and ahead:  # no thread: the writing pass takes the new digest from the prover's state on
             kept_digest, done = resumed()
             shared.append(kept_digest)
-        hashing = None if written_here and ahead else threading.Thread(target=hash_base)
+        elif kept_state:
+            shared.append(sha256_states.Sha256(kept_state))
+        if paired:  # (the new digest: the base's state once the prefix is hashed, a fresh one when there is none)
+            base_digest = sha256_states.Sha256()
+            if not prefix:
+                shared.append(sha256_states.Sha256())
+        hashing = None if (written_here and (ahead or paired)) or kept_state else threading.Thread(target=hash_base)
         if hashing is not None:
             hashing.start()
         try:
             _check_framing(view, starts, lengths, _framed(runs, bool(origin.get("index_sha256"))))
             offsets: list[tuple[int, int]] = []
             out = prepared if prepared is not None else stack.enter_context(open(path, "w+b"))
-            written = 0
+            written = base_at = 0  # (base_at: how far the base's digest has gone, on the paired path)
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
                 first, last = first_bytes[start], ends[stop - 1]
                 if remote:
                     segments.append(Segment(last - first, _reader(base.fileno(), first), old, first))
+                elif paired:  # the base's bytes before the run (records dropped), then the run into both digests
+                    base_digest.update(view[base_at:first])
+                    if last <= prefix:  # the prefix: the same bytes in both, hashed once
+                        _write_hashed(view, out.fileno(), first, last, written, base_digest, 0)
+                        shared.append(base_digest.copy())
+                    else:
+                        _write_hashed(view, out.fileno(), first, last, written, shared[0], 0, base_digest)
+                    base_at = last
                 elif written_here:  # (the prefix while the thread hashes it; the rest once its state is taken)
                     in_prefix = not ahead and last <= prefix
                     if not ahead and not in_prefix:
@@ -269,6 +289,8 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 offsets += zip((starts[start:stop] + (written - first)).tolist(), lengths[start:stop].tolist(),
                                strict=True)
                 written += last - first
+            if paired:
+                base_digest.update(view[base_at:])
             if not remote and prepared is None:  # the disk writes the kept bytes while this process hashes
                 start_writeback(out.fileno(), 0, written)
             if not ahead and not written_here:
@@ -295,7 +317,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         written += appended["bytes"]
         offsets += [(kept_bytes + a, b) for a, b in appended["offsets"]]
         out.flush()
-        digest, copied = new_digest.hexdigest(), 0 if written_here else kept_bytes  # (written here: by this worker)
+        digest, copied = new_digest.hexdigest(), 0 if written_here or kept_state else kept_bytes  # (by a worker)
         if remote:
             segments.append(Segment(appended["bytes"], _reader(out.fileno(), 0)))
             copied = storage.compose(staged(cfg, SHARDS, shard), segments, digest,
@@ -324,12 +346,16 @@ def _drop_cached(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _write_hashed(view: memoryview, target: int, first: int, last: int, at: int, digest: Any, hashed: int) -> None:
+def _write_hashed(view: memoryview, target: int, first: int, last: int, at: int, digest: Any, hashed: int,
+                  also: Any = None) -> None:
     """Write ``view[first:last]`` at ``at`` in ``target``, a piece at a time, each piece's bytes from ``hashed`` on
-    also into ``digest`` (None: nothing to hash) while they are in the CPU's cache."""
+    also into ``digest`` (None: nothing to hash) while they are in the CPU's cache; with ``also`` (a base's digest,
+    ``sha256_states``), every piece goes into both, as two streams in one pass (``update_pair``)."""
     while first < last:
         end = min(last, first + WRITE_PIECE)
-        if digest is not None and end > hashed:
+        if also is not None:
+            sha256_states.update_pair(also, view[first:end], digest, view[first:end])
+        elif digest is not None and end > hashed:
             digest.update(view[max(first, hashed):end])
         while first < end:  # (a write may take fewer bytes than asked: the rest of the piece, not hashed again)
             done = os.pwrite(target, view[first:end], at)

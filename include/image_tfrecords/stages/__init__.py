@@ -70,7 +70,7 @@ from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
 from .validate import validate_stage
-from .write import warm_up, write_and_check, write_few, write_task
+from .write import costliest_first, warm_up, write_and_check, write_few, write_task
 
 __all__ = [
     "DISCOVERED",
@@ -151,15 +151,17 @@ PIPELINE: tuple[Stage, ...] = (
 ProgressFactory = Callable[[str, int], AbstractContextManager[Progress]]
 
 
-def _start_prover(prover: Prover, pool: Executor, workers: int, stack: contextlib.ExitStack) -> Prover:
-    """``prover`` started in ``pool`` (``workers`` - 1 shards at a time: a process is left for inspection's files)
-    and stopped at the end of ``stack`` whatever happens."""
+def _start_prover(prover: Prover, pool: Executor, workers: int, stack: contextlib.ExitStack,
+                  predict: bool = False) -> Prover:
+    """``prover`` started in ``pool`` (``workers`` - 1 jobs at a time: a process is left for inspection's files)
+    and stopped at the end of ``stack`` whatever happens; ``predict``: its jobs start from the prediction of the
+    kept runs (after discovery)."""
     stack.callback(prover.drop_prepared)  # (last: after ``cancel`` has waited for the copies in hand)
     stack.callback(prover.cancel)
     if prover.shards:  # its first task forks the pool: what inspection imports, imported before (a pool that
         # imports Pillow itself holds inspection up: measured, 0.25 s on 16 cores)
         preload(*INSPECTION_MODULES)
-    return prover.start(pool, max(1, workers - 1))
+    return prover.start(pool, max(1, workers - 1), predict)
 
 
 @contextlib.contextmanager
@@ -188,9 +190,10 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     With a pool, from the start of discovery, a ``shards.proofs.Prover`` hashes the base version's shards in the
     pool's processes (all but one) while discovery, inspect's join, split and plan (passes over every row, on one
     core) leave the other cores idle (after discovery, one of the base it found replaces it where that is another);
-    from ``PREPARE_WORKERS`` processes on it also copies the kept bytes the night will most likely splice
-    (``shards.prepare``). It is stopped before the reuse stage; the shards it proved are not hashed
-    again, and a splice takes a copy only when it holds exactly the bytes it would copy.
+    once discovery has listed the source it also copies, in the pass that proves them, the kept bytes the night will
+    most likely splice (``shards.prepare``), so that the disk writes them while the metadata stages run. It is
+    stopped before the reuse stage; the shards it proved are not hashed again, and a splice takes a copy only when
+    it holds exactly the bytes it would copy. The pool writes the costliest shards first (``costliest_first``).
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
@@ -211,7 +214,7 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 proven_ahead = prover.stop()
             started = time.perf_counter()
             if stage.per_shard:
-                shards = all_shards(cfg, storage)
+                shards = costliest_first(cfg, storage, all_shards(cfg, storage))
                 with progress(stage.name, results["plan"]["records_to_write"]) as done:
                     if pool is not None and len(shards) < 2 * workers:  # too few shards to keep the pool busy:
                         write_few(cfg, storage, shards, done, workers, pool, stage.run)  # spliced ones side by side
@@ -237,8 +240,6 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             if stage.run is plan_stage and pool is not None:  # the card's pass over the rows, beside the writing: with
                 # cores to spare in a process of the pool (on a thread here it would hold validate up: a short write)
                 card_ahead = (pool if workers >= PREPARE_WORKERS else beside).submit(card_facts, cfg, storage)
-            if stage.per_image and prover is not None and workers >= PREPARE_WORKERS:  # inspection's pool work done:
-                prover.copy_ahead()  # the kept bytes copied beside split and plan
             unchanged = results.get("discover", {}).get("unchanged_since")
             if stage.run is discover_stage and unchanged and not (force or cfg.full):
                 if prover is not None:
@@ -251,7 +252,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
                 if prover is None or (fresh.version, fresh.shards) != (prover.version, prover.shards):
                     if prover is not None:  # another base (a version published meanwhile), or none to take
                         prover.cancel()  # its proofs would go unused
-                    prover = _start_prover(fresh, pool, workers, stack)
+                    prover = _start_prover(fresh, pool, workers, stack, predict=True)
+                else:  # (started with discovery: its first shards are proven meanwhile)
+                    prover.predict()  # the kept runs, from the listing: copied ahead as their bases are proven
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]

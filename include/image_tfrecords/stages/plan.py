@@ -22,7 +22,6 @@ full build (after many deletions), it compacts: it is planned as a full build.
 from __future__ import annotations
 
 import io
-import itertools
 import mmap
 import os
 import tempfile
@@ -42,8 +41,7 @@ from ..rules.base_version import (
     base_of,
     base_records,
     missing_base_files,
-    record_digest,
-    row_digests,
+    record_key,
     why_not_reuse_shards,
 )
 from ..rules.splits import unit_points
@@ -51,6 +49,7 @@ from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMM
 from ..storage import Storage
 from ..storage.csv_blocks import Block, Quoted, Ragged, blocks
 from ..storage.documents import csv_field, csv_writer, list_rows, raw_rows, read_json, write_json
+from ..storage.span_map import SpanMap
 
 
 @dataclass
@@ -118,7 +117,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
 
 
 def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
-             known: dict[bytes, int] | None) -> tuple[tuple[Any, Any, Any], Any]:
+             known: SpanMap | None) -> tuple[tuple[Any, Any, Any], Any]:
     """Each record's order key, size and split number (numpy arrays), and where the base holds it unchanged
     (``known``: ``base_records``' join; -1 for none, and everywhere without a base). Read as columns
     (``csv_blocks``); a records.csv holding a quoted field, row by row."""
@@ -139,7 +138,7 @@ def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tupl
 
 
 def _block_records(cfg: BuildConfig, part: Block, splits: list[str], fields: tuple[str, ...],
-                   known: dict[bytes, int] | None) -> tuple[Any, ...]:
+                   known: SpanMap | None) -> tuple[Any, ...]:
     """``_records``' columns of one block of records.csv."""
     import numpy as np
 
@@ -160,13 +159,12 @@ def _block_records(cfg: BuildConfig, part: Block, splits: list[str], fields: tup
                          f"{named[split_of < 0][0].decode(errors='replace')!r}")
     found = np.full(len(part), -1, dtype=np.int64)
     if known:
-        digests = row_digests(part.data, *part.row_slices(0, len(fields) - 1))
-        found = np.fromiter(map(known.get, digests, itertools.repeat(-1)), dtype=np.int64, count=len(part))
+        found = known.get(part.data, *part.row_slices(0, len(fields) - 1))
     return keys, sizes, split_of, found
 
 
 def _rows_records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
-                  known: dict[bytes, int] | None) -> tuple[tuple[Any, Any, Any], Any]:
+                  known: SpanMap | None) -> tuple[tuple[Any, Any, Any], Any]:
     """``_records`` row by row (a records.csv with a quoted field)."""
     import numpy as np
 
@@ -187,7 +185,7 @@ def _rows_records(cfg: BuildConfig, storage: Storage, splits: list[str], fields:
                 raise BuildError(f"{staged(cfg, RECORDS)} names a split that is not one of {splits}: "
                                  f"{values[split]!r}")
             split_of.append(split_number[values[split]])
-            found.append(known.get(record_digest(values, len(fields)), -1) if known else -1)
+            found.append(known.get_key(record_key(values, len(fields))) if known else -1)
     return (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
             np.frombuffer(split_of, dtype=np.int8)), np.frombuffer(found, dtype=np.int64)
 

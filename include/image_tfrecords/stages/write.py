@@ -57,6 +57,30 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
     return validate_shard(cfg, storage, shard, processes=processes, workers=read_workers)
 
 
+def costliest_first(cfg: BuildConfig, storage: Storage, shards: list[str]) -> list[str]:
+    """``shards`` in the order a pool should take them so that its processes end together: those made from the
+    source first (every record read, encoded and parsed), then the spliced ones by the bytes they still hash (a base
+    not proven ahead: all of it and the kept bytes; proven: the kept bytes; copied ahead: only the new records).
+    The staged proofs (``shards.proofs``) tell which is which; without them every base is hashed in its splice."""
+    from ..shards.proofs import PROOFS
+
+    rewrite = read_json(storage, staged(cfg, PLAN))["rewrite"]
+    try:
+        proofs = read_json(storage, staged(cfg, PROOFS))
+        proven, prepared = set(proofs.get("shards") or ()), set(proofs.get("prepared") or ())
+    except (OSError, ValueError):  # none staged (no prover), or not readable: only an order
+        proven, prepared = set(), set()
+
+    def work(shard: str) -> tuple[int, int]:
+        origin = rewrite.get(shard)
+        if origin is None or not can_splice(cfg, origin):
+            return 0, 0
+        size, file = int(origin.get("num_bytes") or 0), origin.get("file")
+        return 1, -(0 if file in prepared else size if file in proven else 2 * size)
+
+    return sorted(shards, key=work)
+
+
 def warm_up() -> None:
     """Import what a pool process's first shard would (protobuf, whose parser checks every new record: about 35 ms
     a process). ``run_pipeline`` sends one to each process of its pool while the metadata stages keep it idle, so

@@ -12,6 +12,10 @@ machine, which is all a build's proofs promise (``shards.proofs.host``).
 
 Where the library or those calls are missing, or a self-check at first use fails, ``available()`` is False and
 ``Sha256`` is not used: the prefix is hashed again, as before.
+
+``update_pair`` hashes two streams at once (two base shards in the prover, a base and the shard spliced from it):
+with the compiled ``_sha256x2`` on a CPU with SHA extensions, their whole blocks interleaved in one pass on the
+same ``SHA256_CTX`` layout (about 1.85x the bytes a core-second of one stream here); else one after the other.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ _LIBRARIES = ("libcrypto.so.3", "libcrypto.so", "libcrypto.dylib")
 
 _lib: Any = None
 _checked = False
+_pair: Any = None  # the compiled two-stream update, once it has passed its self-check
+_pair_checked = False
 
 
 def _library() -> Any:
@@ -69,6 +75,50 @@ def _self_check() -> bool:
 def available() -> bool:
     """Whether states can be saved and resumed here."""
     return _library() is not None
+
+
+def _pair_update() -> Any:
+    """``_sha256x2.update2`` where it is built, this CPU runs it and it gives OpenSSL's states and hashlib's
+    digests on a self-check; else None."""
+    global _pair, _pair_checked
+    if _pair_checked:
+        return _pair
+    _pair_checked = True
+    try:
+        from . import _sha256x2
+    except ImportError:  # installed without its C part
+        return None
+    if not _sha256x2.available() or _library() is None:
+        return None
+    data = bytes(range(251)) * 67  # 16,817 bytes, cut so that partial and whole blocks meet on both sides
+    cuts = [(0, 3, 0, 70), (3, 64, 70, 100), (64, 4224, 100, 100), (4224, 13224, 100, 9000),
+            (13224, 16817, 9000, 16817)]
+    try:
+        a, b, c = Sha256(), Sha256(), Sha256()
+        for first, last, start, stop in cuts:
+            _sha256x2.update2(a._ctx, data[first:last], b._ctx, data[::-1][start:stop])
+            c.update(data[first:last])
+        ok = (a.state() == c.state() and a.hexdigest() == hashlib.sha256(data).hexdigest()
+              and b.hexdigest() == hashlib.sha256(data[::-1]).hexdigest())
+    except Exception:
+        ok = False
+    _pair = _sha256x2.update2 if ok else None
+    return _pair
+
+
+def pairs_compiled() -> bool:
+    """Whether ``update_pair`` hashes its two streams in one interleaved pass here."""
+    return _pair_update() is not None
+
+
+def update_pair(first: Sha256, first_data: Any, second: Sha256, second_data: Any) -> None:
+    """``first.update(first_data)`` and ``second.update(second_data)``, in one pass where ``pairs_compiled()``."""
+    pair = _pair_update()
+    if pair is None:
+        first.update(first_data)
+        second.update(second_data)
+        return
+    pair(first._ctx, first_data, second._ctx, second_data)
 
 
 class Sha256:
@@ -138,6 +188,54 @@ def hash_with_states(chunks: Any, every: int | None = None) -> tuple[Sha256, byt
                 if done % every == 0:
                     states.append(digest.state())
     return digest, b"".join(states)
+
+
+def hash_two_with_states(first: Any, second: Any, every: int | None = None
+                         ) -> tuple[tuple[Sha256, bytes, int], tuple[Sha256, bytes, int]]:
+    """``hash_with_states`` of two streams of buffers (``first``, ``second``) at once (``update_pair``), each with
+    its own states: the same digests and states as one after the other; and the bytes each stream held."""
+    every = every or STATE_EVERY
+    streams = [_Stream(first, every), _Stream(second, every)]
+    while not (streams[0].ended and streams[1].ended):
+        pieces = [stream.piece() for stream in streams]
+        if pieces[0] is not None and pieces[1] is not None:
+            update_pair(streams[0].digest, pieces[0], streams[1].digest, pieces[1])
+        else:
+            for stream, piece in zip(streams, pieces, strict=True):
+                if piece is not None:
+                    stream.digest.update(piece)
+        for stream, piece in zip(streams, pieces, strict=True):
+            if piece is not None:
+                stream.taken(len(piece))
+    return ((streams[0].digest, b"".join(streams[0].states), streams[0].done),
+            (streams[1].digest, b"".join(streams[1].states), streams[1].done))
+
+
+class _Stream:
+    """One of ``hash_two_with_states``' streams: its buffers cut at every ``every`` bytes hashed."""
+
+    def __init__(self, chunks: Any, every: int) -> None:
+        self.digest, self.states, self.done, self.ended = Sha256(), [], 0, False
+        self._chunks, self._every, self._view, self._at = iter(chunks), every, memoryview(b""), 0
+
+    def piece(self) -> Any:
+        """The next bytes to hash, up to the next state's offset (None once the stream has ended)."""
+        while not self.ended and self._at >= len(self._view):
+            self._view.release()  # (before the next chunk: a map's last chunk let go of, for it to close)
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self.ended = True
+                return None
+            self._view, self._at = memoryview(chunk), 0
+        if self.ended:
+            return None
+        take = min(len(self._view) - self._at, self._every - self.done % self._every)
+        return self._view[self._at:self._at + take]
+
+    def taken(self, size: int) -> None:
+        self._at, self.done = self._at + size, self.done + size
+        if self.done % self._every == 0:
+            self.states.append(self.digest.state())
 
 
 def resumed(states: bytes, upto: int, every: int) -> tuple[Sha256, int]:

@@ -1,0 +1,309 @@
+/* A map from byte strings to 64-bit integers whose keys are given as spans of a buffer, many per call: the
+ * joins over every row of a table (a version's rows against the base's), without a Python object a row.
+ *
+ * SpanMap.add(data, starts, stops, values[, starts2, stops2]): key i is data[starts[i]:stops[i]] (followed by
+ * data[starts2[i]:stops2[i]] when given), mapped to values[i]; a key added again takes the later value.
+ * SpanMap.get(data, starts, stops[, starts2, stops2], missing=-1): the value of each key (bytes holding one native
+ * int64 a key; ``missing`` for a key never added). The int arrays are any buffers of native 8-byte integers
+ * (numpy int64). Keys are kept whole (compared byte for byte, never by a digest): memory holds each key's bytes
+ * and 32 bytes a slot, at most half of them used. Python's fallback (storage/span_map.py) gives the same answers.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t hash;
+    uint64_t offset; /* of the key's bytes in the arena */
+    int64_t value;
+    uint32_t length;
+    uint32_t used;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    size_t mask;   /* slots - 1 (a power of two) */
+    size_t count;
+    char *arena;
+    size_t arena_len, arena_cap;
+    char *scratch; /* a two-part key, joined */
+    size_t scratch_cap;
+} SpanMap;
+
+static uint64_t hash_bytes(const char *p, size_t n) {
+    uint64_t h = 0x243F6A8885A308D3ULL ^ (n * 0x9E3779B97F4A7C15ULL), w;
+    while (n >= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    w = 0;
+    memcpy(&w, p, n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    h ^= h >> 29;
+    h *= 0x9E3779B97F4A7C15ULL;
+    return h ^ (h >> 32);
+}
+
+static int grow(SpanMap *self) {
+    size_t size = self->slots ? (self->mask + 1) * 2 : 1024;
+    Slot *slots = calloc(size, sizeof(Slot));
+    if (!slots) return -1;
+    if (self->slots) {
+        for (size_t i = 0; i <= self->mask; i++) {
+            Slot *s = &self->slots[i];
+            if (!s->used) continue;
+            size_t at = s->hash & (size - 1);
+            while (slots[at].used) at = (at + 1) & (size - 1);
+            slots[at] = *s;
+        }
+        free(self->slots);
+    }
+    self->slots = slots;
+    self->mask = size - 1;
+    return 0;
+}
+
+/* The slot holding the key, or the empty slot where it would go. */
+static Slot *find(SpanMap *self, const char *key, size_t n, uint64_t h) {
+    size_t at = h & self->mask;
+    for (;;) {
+        Slot *s = &self->slots[at];
+        if (!s->used || (s->hash == h && s->length == n && memcmp(self->arena + s->offset, key, n) == 0)) return s;
+        at = (at + 1) & self->mask;
+    }
+}
+
+typedef struct {
+    Py_buffer data, starts, stops, starts2, stops2;
+    Py_ssize_t count;
+    int two;
+} Spans;
+
+static void release(Spans *sp) {
+    PyBuffer_Release(&sp->data);
+    PyBuffer_Release(&sp->starts);
+    PyBuffer_Release(&sp->stops);
+    if (sp->two) {
+        PyBuffer_Release(&sp->starts2);
+        PyBuffer_Release(&sp->stops2);
+    }
+}
+
+static int int_buffer(PyObject *obj, Py_buffer *view, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 8 || !view->format || !strchr("qlQL", view->format[strlen(view->format) - 1])) {
+        PyErr_Format(PyExc_TypeError, "%s must hold 8-byte integers", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Take the buffers; 0, or -1 with an exception set and nothing held. */
+static int take(Spans *sp, PyObject *data, PyObject *starts, PyObject *stops, PyObject *starts2, PyObject *stops2) {
+    memset(sp, 0, sizeof(*sp));
+    sp->two = starts2 != Py_None || stops2 != Py_None;
+    if (sp->two && (starts2 == Py_None || stops2 == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "starts2 and stops2 go together");
+        return -1;
+    }
+    if (PyObject_GetBuffer(data, &sp->data, PyBUF_SIMPLE) < 0) return -1;
+    if (int_buffer(starts, &sp->starts, "starts") < 0) goto fail_data;
+    if (int_buffer(stops, &sp->stops, "stops") < 0) goto fail_starts;
+    sp->count = sp->starts.len / 8;
+    if (sp->two) {
+        if (int_buffer(starts2, &sp->starts2, "starts2") < 0) goto fail_stops;
+        if (int_buffer(stops2, &sp->stops2, "stops2") < 0) {
+            PyBuffer_Release(&sp->starts2);
+            goto fail_stops;
+        }
+    }
+    if (sp->stops.len / 8 != sp->count || (sp->two && (sp->starts2.len / 8 != sp->count ||
+                                                       sp->stops2.len / 8 != sp->count))) {
+        PyErr_SetString(PyExc_ValueError, "the span arrays differ in length");
+        release(sp);
+        return -1;
+    }
+    const int64_t *a = sp->starts.buf, *b = sp->stops.buf;
+    const int64_t *c = sp->two ? sp->starts2.buf : NULL, *d = sp->two ? sp->stops2.buf : NULL;
+    int64_t size = (int64_t)sp->data.len;
+    for (Py_ssize_t i = 0; i < sp->count; i++) {
+        if (a[i] < 0 || a[i] > b[i] || b[i] > size || (c && (c[i] < 0 || c[i] > d[i] || d[i] > size)) ||
+            (uint64_t)(b[i] - a[i]) + (uint64_t)(c ? d[i] - c[i] : 0) > UINT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "span %zd is not within the data's %lld bytes", i, (long long)size);
+            release(sp);
+            return -1;
+        }
+    }
+    return 0;
+fail_stops:
+    PyBuffer_Release(&sp->stops);
+fail_starts:
+    PyBuffer_Release(&sp->starts);
+fail_data:
+    PyBuffer_Release(&sp->data);
+    return -1;
+}
+
+/* Key i of ``sp``: its bytes (joined into the scratch buffer when in two parts) and length; NULL on no memory. */
+static const char *key_of(SpanMap *self, Spans *sp, Py_ssize_t i, size_t *n) {
+    const char *data = sp->data.buf;
+    int64_t a = ((int64_t *)sp->starts.buf)[i], b = ((int64_t *)sp->stops.buf)[i];
+    if (!sp->two) {
+        *n = (size_t)(b - a);
+        return data + a;
+    }
+    int64_t c = ((int64_t *)sp->starts2.buf)[i], d = ((int64_t *)sp->stops2.buf)[i];
+    *n = (size_t)(b - a + d - c);
+    if (*n > self->scratch_cap) {
+        char *more = realloc(self->scratch, *n * 2);
+        if (!more) return NULL;
+        self->scratch = more;
+        self->scratch_cap = *n * 2;
+    }
+    memcpy(self->scratch, data + a, (size_t)(b - a));
+    memcpy(self->scratch + (b - a), data + c, (size_t)(d - c));
+    return self->scratch;
+}
+
+static char *kwlist_add[] = {"data", "starts", "stops", "values", "starts2", "stops2", NULL};
+
+static PyObject *SpanMap_add(SpanMap *self, PyObject *args, PyObject *kwargs) {
+    PyObject *data, *starts, *stops, *values, *starts2 = Py_None, *stops2 = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|OO", kwlist_add, &data, &starts, &stops, &values, &starts2,
+                                     &stops2))
+        return NULL;
+    Spans sp;
+    Py_buffer vals;
+    if (take(&sp, data, starts, stops, starts2, stops2) < 0) return NULL;
+    if (int_buffer(values, &vals, "values") < 0) {
+        release(&sp);
+        return NULL;
+    }
+    if (vals.len / 8 != sp.count) {
+        PyErr_SetString(PyExc_ValueError, "values differ in length from the spans");
+        goto fail;
+    }
+    const int64_t *v = vals.buf;
+    for (Py_ssize_t i = 0; i < sp.count; i++) {
+        size_t n;
+        const char *key = key_of(self, &sp, i, &n);
+        if (!key) goto no_memory;
+        if ((self->count + 1) * 2 > (self->slots ? self->mask + 1 : 0) && grow(self) < 0) goto no_memory;
+        uint64_t h = hash_bytes(key, n);
+        Slot *s = find(self, key, n, h);
+        if (!s->used) {
+            if (self->arena_len + n > self->arena_cap) {
+                size_t cap = self->arena_cap ? self->arena_cap : 1 << 16;
+                while (cap < self->arena_len + n) cap *= 2;
+                char *more = realloc(self->arena, cap);
+                if (!more) goto no_memory;
+                self->arena = more;
+                self->arena_cap = cap;
+            }
+            memcpy(self->arena + self->arena_len, key, n);
+            s->hash = h;
+            s->offset = self->arena_len;
+            s->length = (uint32_t)n;
+            s->used = 1;
+            self->arena_len += n;
+            self->count++;
+        }
+        s->value = v[i];
+    }
+    PyBuffer_Release(&vals);
+    release(&sp);
+    Py_RETURN_NONE;
+no_memory:
+    PyErr_NoMemory();
+fail:
+    PyBuffer_Release(&vals);
+    release(&sp);
+    return NULL;
+}
+
+static char *kwlist_get[] = {"data", "starts", "stops", "starts2", "stops2", "missing", NULL};
+
+static PyObject *SpanMap_get(SpanMap *self, PyObject *args, PyObject *kwargs) {
+    PyObject *data, *starts, *stops, *starts2 = Py_None, *stops2 = Py_None;
+    long long missing = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOL", kwlist_get, &data, &starts, &stops, &starts2, &stops2,
+                                     &missing))
+        return NULL;
+    Spans sp;
+    if (take(&sp, data, starts, stops, starts2, stops2) < 0) return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, sp.count * 8);
+    if (!out) {
+        release(&sp);
+        return NULL;
+    }
+    int64_t *found = (int64_t *)PyBytes_AsString(out);
+    for (Py_ssize_t i = 0; i < sp.count; i++) {
+        size_t n;
+        const char *key = key_of(self, &sp, i, &n);
+        if (!key) {
+            Py_DECREF(out);
+            release(&sp);
+            return PyErr_NoMemory();
+        }
+        Slot *s = self->slots ? find(self, key, n, hash_bytes(key, n)) : NULL;
+        found[i] = s && s->used ? s->value : (int64_t)missing;
+    }
+    release(&sp);
+    return out;
+}
+
+static Py_ssize_t SpanMap_len(SpanMap *self) { return (Py_ssize_t)self->count; }
+
+static void SpanMap_dealloc(SpanMap *self) {
+    free(self->slots);
+    free(self->arena);
+    free(self->scratch);
+    PyTypeObject *type = Py_TYPE((PyObject *)self);
+    freefunc release_object = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    release_object(self);
+    Py_DECREF(type);
+}
+
+static PyMethodDef SpanMap_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))SpanMap_add, METH_VARARGS | METH_KEYWORDS,
+     "add(data, starts, stops, values, starts2=None, stops2=None): map each span's bytes to its value."},
+    {"get", (PyCFunction)(void (*)(void))SpanMap_get, METH_VARARGS | METH_KEYWORDS,
+     "get(data, starts, stops, starts2=None, stops2=None, missing=-1) -> bytes: each span's value, native int64s."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot SpanMap_slots[] = {
+    {Py_tp_dealloc, (void *)SpanMap_dealloc},
+    {Py_tp_doc, (void *)"A map from byte strings, given as spans of a buffer, to 64-bit integers."},
+    {Py_tp_methods, SpanMap_methods},
+    {Py_tp_new, (void *)PyType_GenericNew},
+    {Py_mp_length, (void *)SpanMap_len},
+    {0, NULL},
+};
+
+static PyType_Spec SpanMap_spec = {
+    "image_tfrecords.storage._spanmap.SpanMap", sizeof(SpanMap), 0, Py_TPFLAGS_DEFAULT, SpanMap_slots,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_spanmap", .m_doc = "Joins of byte spans.", .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__spanmap(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    PyObject *type = PyType_FromSpec(&SpanMap_spec);
+    if (!type || PyModule_AddObject(m, "SpanMap", type) < 0) {
+        Py_XDECREF(type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
