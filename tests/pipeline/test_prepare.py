@@ -193,3 +193,26 @@ def test_a_night_on_four_processes_copies_ahead_and_equals_the_full_build(tmp_pa
     assert not os.path.exists(stopped[0]._prepared_dir)
     full = read(storage, build(storage, source.uri, str(tmp_path / "full"), "d", "v2", full=True)["uri"])
     assert v2.rows == full.rows  # filename, content hash, label, label id, split of every record, as TF reads them
+
+
+def test_the_pool_takes_the_costliest_shards_first(tmp_path: Path) -> None:
+    """``costliest_first``: shards made from the source, then splices of a base hashed in the splice (by size), then
+    of a proven base, then of a base whose kept bytes were copied ahead; without staged proofs, by base size."""
+    from image_tfrecords.shards.proofs import PROOFS
+    from image_tfrecords.stages.plan import all_shards
+    from image_tfrecords.stages.write import costliest_first
+    from image_tfrecords.storage.documents import write_json
+
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    shards = all_shards(cfg, storage)
+    spliced = [s for s in shards if s in plan["rewrite"]]
+    assert len(spliced) >= 3
+    size = {s: plan["rewrite"][s]["num_bytes"] for s in spliced}
+    by_size = sorted(spliced, key=lambda s: -size[s])
+    assert costliest_first(cfg, storage, shards) == [s for s in shards if s not in spliced] + by_size
+    copied, proven = plan["rewrite"][by_size[0]]["file"], plan["rewrite"][by_size[1]]["file"]
+    write_json(storage, staged(cfg, PROOFS), {"shards": {copied: {}, proven: {}}, "prepared": {copied: {}}})
+    order = costliest_first(cfg, storage, shards)
+    assert order[-2:] == [by_size[1], by_size[0]]  # the proven one, then the one copied ahead
+    assert sorted(order) == sorted(shards)

@@ -132,7 +132,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
     the file is not ``num_bytes`` long), the bytes read and what ``take_prepared`` checks (None, and no file, when
     the base or its index cannot be read as they are, the base changed while it was read, or ``stop_flag``
     appeared: asked between chunks)."""
-    from .splice import DamagedBase, _index
+    from .splice import DamagedBase, _index, write_all
 
     read, every = 0, sha256_states.STATE_EVERY
     try:
@@ -160,7 +160,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
                     piece = chunk[at - read:end - read]
                     if inside:
                         sha256_states.update_pair(base_digest, piece, kept_digest, piece)
-                        _write_all(out.fileno(), piece, written)
+                        write_all(out.fileno(), piece, written)
                         written += end - at
                     else:
                         base_digest.update(piece)
@@ -183,20 +183,9 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
         return None, read, None
 
 
-def _write_all(fd: int, data: Any, at: int) -> None:
-    """``data`` written at ``at`` in ``fd``, however few bytes each write takes."""
-    with memoryview(data) as view:
-        done = 0
-        while done < len(view):
-            wrote = os.pwrite(fd, view[done:], at + done)
-            if wrote <= 0:
-                raise OSError(f"a write of {len(view) - done} bytes wrote {wrote}")
-            done += wrote
-
-
 def take_prepared(entry: dict[str, Any] | None, origin: dict[str, Any], base_identity: list[int], kept_bytes: int,
                   path: str) -> Any:
-    """The prepared copy ``entry`` (``prepare_copy``'s answer, as staged) moved to ``path`` and opened for the
+    """The prepared copy ``entry`` (``prove_and_copy``'s answer, as staged) moved to ``path`` and opened for the
     splice to append to, when it holds exactly the bytes the splice of ``origin`` (a plan's rewrite) would copy
     from the base it proved (``base_identity``, which is now that file's): None otherwise (the splice copies)."""
     if not entry or entry.get("runs") != origin.get("runs") or entry.get("base_identity") != base_identity or \

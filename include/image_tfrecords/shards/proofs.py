@@ -18,8 +18,9 @@ once more after its copy), and a splice starts its new shard's digest from the l
 record it drops, where the prefix it shares with its base ends; any other (a
 shard not reached, a file replaced, touched or rewritten since, an S3 destination, a task on another machine)
 is hashed where it is used, as before. A shard that did not hash to its digest is only left unproven: the stage
-that uses it finds the damage itself and says so. Files are read into one buffer, not mapped: a bad sector, or
-a file cut short while it is read, is an error that leaves the shard unproven, never a SIGBUS. Once discovery has
+that uses it finds the damage itself and says so. The shards are mapped, as the splices that use them map them
+(``storage.base.mapped_chunks``): a bad sector or a file cut short while it is mapped is a SIGBUS there, as in a
+splice; a lone shard is read into one buffer. Once discovery has
 listed the source, ``predict`` asks which runs of records each base shard keeps (``shards.prepare``): a shard that
 loses records is then proven and its kept bytes copied in the same pass (``prove_and_copy``), and those copies are
 staged too.

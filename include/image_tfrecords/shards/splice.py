@@ -12,7 +12,10 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
   A base this build proved ahead (``shards.proofs``: hashed while the metadata stages ran, and still
   the same file, unchanged since) is not hashed again: only the new shard's bytes are, from the last SHA-256
   state the prover saved before the first record dropped (``storage.sha256_states``: at most 1 MiB of the
-  prefix is hashed again);
+  prefix is hashed again), and not even those where the prover copied them ahead in the pass that proved the base
+  (``shards.prepare``: the splice takes that copy and goes on from its digest's state); where the base is hashed
+  here and the kept bytes are written from this pass, the base's digest and the new shard's are two streams of it
+  (``sha256_states.update_pair``);
 * the base's ``.tfindex`` is proven by the SHA-256 its version published, and the framing of the first
   record of each kept run is checked against it (length and its CRC; every kept record's, for a base from
   before index digests): the records in between are where the proven index says, in proven bytes;
@@ -357,11 +360,19 @@ def _write_hashed(view: memoryview, target: int, first: int, last: int, at: int,
             sha256_states.update_pair(also, view[first:end], digest, view[first:end])
         elif digest is not None and end > hashed:
             digest.update(view[max(first, hashed):end])
-        while first < end:  # (a write may take fewer bytes than asked: the rest of the piece, not hashed again)
-            done = os.pwrite(target, view[first:end], at)
-            if done <= 0:
-                raise OSError(f"a write of {end - first} bytes wrote {done}")
-            first, at = first + done, at + done
+        write_all(target, view[first:end], at)  # (hashed once, however many writes the piece takes)
+        first, at = end, at + end - first
+
+
+def write_all(fd: int, data: Any, at: int) -> None:
+    """``data`` written at ``at`` in ``fd``, however few bytes each write takes."""
+    with memoryview(data) as view:
+        done = 0
+        while done < len(view):
+            wrote = os.pwrite(fd, view[done:], at + done)
+            if wrote <= 0:
+                raise OSError(f"a write of {len(view) - done} bytes wrote {wrote}")
+            done += wrote
 
 
 def _reader(fd: int, at: int) -> Reader:

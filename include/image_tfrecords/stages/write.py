@@ -68,7 +68,7 @@ def costliest_first(cfg: BuildConfig, storage: Storage, shards: list[str]) -> li
     try:
         proofs = read_json(storage, staged(cfg, PROOFS))
         proven, prepared = set(proofs.get("shards") or ()), set(proofs.get("prepared") or ())
-    except (OSError, ValueError):  # none staged (no prover), or not readable: only an order
+    except (OSError, ValueError, TypeError, AttributeError):  # none staged (no prover), or not a prover's: an order
         proven, prepared = set(), set()
 
     def work(shard: str) -> tuple[int, int]:
