@@ -124,9 +124,9 @@ def _predicted_from_rows(cfg: BuildConfig, storage: Storage, base_uri: str) -> d
 
 def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[list[int]], out_path: str,
                    stop_flag: str) -> tuple[Held | None, int, dict[str, Any] | None]:
-    """In a pool process, in one pass over the base shard at ``base_path`` (read into one buffer, as the prover
-    reads): its SHA-256 with states saved every MiB (the prover's proof, ``Held``), and the bytes of ``runs`` (its
-    records, placed by its ``.tfindex``) written into a new file at ``out_path``, with the SHA-256 state of those
+    """In a pool process, in one pass over the base shard at ``base_path`` (mapped, as the prover maps it): its
+    SHA-256 with states saved every MiB (the prover's proof, ``Held``), and the bytes of ``runs`` (its records,
+    placed by its ``.tfindex``) written into a new file at ``out_path``, with the SHA-256 state of those
     bytes (the spliced shard's digest up to its new records: a splice that takes the copy hashes none of them again).
     The two digests are two streams of the same pass (``sha256_states.update_pair``). Returns the proof (None when
     the file is not ``num_bytes`` long), the bytes read and what ``take_prepared`` checks (None, and no file, when

@@ -207,12 +207,11 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
         kept_total = sum(ends[stop - 1] - first_bytes[start] for start, stop in runs)
         # The kept bytes copied ahead (shards.prepare), from this very base: the splice's own bytes, not copied again
         entry_ahead = prepared_entry(cfg, storage, origin) if ahead else None
-        prepared = take_prepared(entry_ahead, origin, proof, kept_total, path) if ahead else None
+        prepared = take_prepared(entry_ahead, origin, proof, kept_total, path)  # (None without an entry)
         if prepared is not None:
             stack.enter_context(prepared)
         # A copy made in the pass that proved its base carries the new digest of its bytes: none is hashed again
-        kept_state = bytes.fromhex(entry_ahead.get("kept_state") or "") if prepared is not None and entry_ahead \
-            else b""
+        kept_state = bytes.fromhex(entry_ahead.get("kept_state") or "") if prepared is not None else b""
         # The base's digest on the other core. Up to the first record the night drops, the new shard's bytes are the
         # base's: that prefix is hashed once, and the new digest starts from a copy of its state. A base proven ahead
         # is not hashed again: that thread takes the new shard's kept bytes instead, while this one copies them (where
