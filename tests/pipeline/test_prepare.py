@@ -19,7 +19,7 @@ from image_tfrecords.config import BuildConfig
 from image_tfrecords.parallel import process_pool
 from image_tfrecords.published import layout
 from image_tfrecords.shards import prepare, splice
-from image_tfrecords.shards.prepare import predicted_runs, prepared_dir, prove_and_copy, take_prepared
+from image_tfrecords.shards.prepare import copy_proven, predicted_runs, prepared_dir, prove_and_copy, take_prepared
 from image_tfrecords.shards.proofs import Prover
 from image_tfrecords.shards.writer import rewrite_shard
 from image_tfrecords.staging import PLAN, SHARDS, staged
@@ -63,6 +63,35 @@ def _prepare_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, 
     return prover, runs
 
 
+def _proven_item(prover: Prover, file: str, runs: list[list[int]], out: str) -> dict[str, Any]:
+    """What ``Prover`` hands ``copy_proven`` for the base shard ``file`` it proved."""
+    return {"base_path": join(prover.base_uri, file), "num_records": prover.records[file],
+            "identity": prover.proofs[file]["identity"], "runs": runs, "out_path": out,
+            "states": prover.states.get(file, b"")}
+
+
+def _copy_proven_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, list[list[int]]]]:
+    """Prove every base shard first (``Prover.run``: its runs not known yet), then copy every predicted one two at a
+    time (``copy_proven``, the last alone when their number is odd); the proofs staged."""
+    prover = _prover(cfg, storage)
+    prover.run()
+    runs = predicted_runs(cfg, storage, prover.base_uri)
+    folder = prepared_dir(cfg, storage)
+    assert folder is not None
+    os.makedirs(folder, exist_ok=True)
+    prover._prepared_dir = folder
+    files = sorted(runs)
+    for first in range(0, len(files), 2):
+        pair = files[first:first + 2]
+        entries = copy_proven([_proven_item(prover, file, runs[file], os.path.join(folder, file)) for file in pair],
+                              os.path.join(folder, "no-stop-flag"))
+        for file, entry in zip(pair, entries, strict=True):
+            assert entry is not None and entry["base_identity"] == prover.proofs[file]["identity"], file
+            prover.prepared[file] = entry
+    assert prover.stop()["copied"] == len(runs)
+    return prover, runs
+
+
 def test_the_predicted_runs_are_the_plans(tmp_path: Path) -> None:
     """Scattered deletions, a changed image and additions: the runs predicted from the listing alone are the ones the
     plan keeps, for every base shard that loses records (and only those)."""
@@ -75,15 +104,19 @@ def test_the_predicted_runs_are_the_plans(tmp_path: Path) -> None:
     assert prepare._predicted_from_rows(cfg, storage, base_uri) == runs  # the columns' answer is the rows'
 
 
-def test_copies_ahead_splice_to_the_reference_and_are_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("copies", ["proving", "proven"])
+def test_copies_ahead_splice_to_the_reference_and_are_taken(copies: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Each splice takes its copy (not copying again, its digest resumed from the copy's) and its shard is byte for
     byte the record-by-record reference, with its digest and index; the copy is the splice's own file from then on.
-    The pass that copies saves the base's SHA-256 states as the prover does (here every 4 KiB)."""
+    Copies made in the pass that proves their base (``proving``: it saves the base's SHA-256 states as the prover
+    does, here every 4 KiB) and copies of bases proven before, two at a time, their digests from the prover's states
+    (``proven``)."""
     monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
     storage, _, cfg = night(tmp_path)
     plan = read_json(storage, staged(cfg, PLAN))
-    prover, runs = _prepare_all(cfg, storage)
-    assert runs
+    prover, runs = (_prepare_all if copies == "proving" else _copy_proven_all)(cfg, storage)
+    assert len(runs) >= 2
     for shard, origin in sorted(plan["rewrite"].items()):
         shard_uri = staged(cfg, SHARDS, shard)
         reference = rewrite_shard(cfg, storage, shard, origin, read_workers=1)
@@ -163,6 +196,68 @@ def test_a_copy_stops_at_the_flag_and_leaves_no_file(tmp_path: Path) -> None:
     assert not out.exists()  # not the size its version published
     held, read, entry = prove_and_copy(path, size, prover.records[file], kept, str(out), str(flag))
     assert held is not None and entry is not None and read == size and out.stat().st_size == entry["bytes"]
+
+
+def test_copies_of_proven_bases_stop_at_the_flag_and_want_the_proven_file(tmp_path: Path) -> None:
+    """``copy_proven``: at the stop flag, neither copy is left; a base that is not the file its prover proved (touched
+    since), or gone, gets no copy while the other of the pair is still made."""
+    storage, _, cfg = night(tmp_path)
+    prover = _prover(cfg, storage)
+    prover.run()
+    runs = predicted_runs(cfg, storage, prover.base_uri)
+    first, second = sorted(runs)[:2]
+    flag, outs = tmp_path / "stop", [str(tmp_path / "copy-a"), str(tmp_path / "copy-b")]
+    items = [_proven_item(prover, first, runs[first], outs[0]), _proven_item(prover, second, runs[second], outs[1])]
+    flag.touch()
+    assert copy_proven(items, str(flag)) == [None, None]
+    assert not any(os.path.exists(out) for out in outs)
+    flag.unlink()
+    time.sleep(0.01)
+    os.utime(items[0]["base_path"])  # the same bytes, but not the file proved any more
+    touched, made = copy_proven(items, str(flag))
+    assert touched is None and not os.path.exists(outs[0])
+    assert made is not None and os.path.getsize(outs[1]) == made["bytes"]
+    os.unlink(outs[1])
+    gone = {**items[0], "base_path": str(tmp_path / "missing.tfrecord")}
+    assert copy_proven([gone, items[1]], str(flag))[0] is None and os.path.exists(outs[1])
+
+
+def test_a_prover_copies_the_bases_it_proved_before_the_prediction(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool prover started before the kept runs are known (as with discovery, on a large base) proves every base;
+    the prediction then has the shards it proved copied, two a job (``copy_proven``), and the splices take those
+    copies and give the reference's bytes."""
+    stopped = let_provers_finish(monkeypatch)
+    monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
+    storage, _, cfg = night(tmp_path)
+    plan = read_json(storage, staged(cfg, PLAN))
+    jobs: list[str] = []
+    with process_pool(2) as pool:
+        submit = pool.submit
+
+        def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            jobs.append(fn.__name__)
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(pool, "submit", counted)
+        prover = _prover(cfg, storage).start(pool, 1)
+        deadline = time.monotonic() + 60
+        while len(prover.proofs) < len(prover.shards) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(prover.proofs) == len(prover.shards) and not prover.prepared
+        assert prover.predict()
+        done = prover.stop()
+    runs = predicted_runs(cfg, storage, prover.base_uri)
+    assert stopped == [prover] and done["copied"] == len(runs) >= 2 and set(prover.prepared) == set(runs)
+    assert jobs.count("copy_proven") == (len(runs) + 1) // 2 and "prove_and_copy" not in jobs
+    for shard, origin in sorted(plan["rewrite"].items()):
+        shard_uri = staged(cfg, SHARDS, shard)
+        reference = rewrite_shard(cfg, storage, shard, origin, read_workers=1)
+        want = storage.read_bytes(shard_uri)
+        checked = _splice_again(storage, cfg, shard, origin)
+        assert storage.read_bytes(shard_uri) == want and checked["sha256"] == reference["sha256"], shard
+        assert checked["copied_ahead"] is (origin["file"] in runs), shard
+    prover.drop_prepared()
 
 
 def test_a_night_on_four_processes_copies_ahead_and_equals_the_full_build(tmp_path: Path,

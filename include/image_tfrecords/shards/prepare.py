@@ -8,7 +8,11 @@ source file is listed again unchanged (name, size and stamp as the base's ``insp
 the prover (``shards.proofs``) then takes each base shard that loses records through ``prove_and_copy``: one pass
 over its bytes hashes the base (its proof), writes the predicted runs into a file beside the staged shards
 (``prepared_dir``) and hashes them as they are written (two SHA-256 streams at once, ``sha256_states.update_pair``),
-and starts the disk on them; the state of that second digest goes with the copy.
+and starts the disk on them; the state of that second digest goes with the copy. A base shard the prover proved before
+the prediction came (a prover started with discovery, on a large base) is copied by ``copy_proven``, two shards a
+pass: their new digests are the two streams, each from the prover's last saved state before the shard's first
+dropped record (measured on the 100,000-image night: 15 -> 30 of 48 bases copied ahead, write stage 2.62 -> 1.84 s,
+the night 7.78 -> 6.77 s, medians of 6 taking turns).
 
 A prepared copy is only a head start. The splice takes it (``take_prepared``) only when its runs are the plan's,
 its base is the file this build's prover proved and the copy was made from (same identity before and after),
@@ -181,6 +185,120 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
         with contextlib.suppress(OSError):
             os.unlink(out_path)
         return None, read, None
+
+
+class _ProvenCopy:
+    """One base shard of ``copy_proven``: its kept runs, the file its prover proved, and the new digest."""
+
+    def __init__(self, stack: contextlib.ExitStack, item: dict[str, Any]) -> None:
+        import mmap
+
+        from .splice import _index
+
+        with open(layout.index_file(item["base_path"]), "rb") as f:
+            self.index_data = f.read()
+        starts, lengths = _index(self.index_data, item["num_records"])
+        runs = self.runs = item["runs"]
+        if not runs or any(not 0 <= start < stop <= item["num_records"] for start, stop in runs):
+            raise ValueError("runs that are not records of the base shard")
+        ends, first_bytes = (starts + lengths).tolist(), starts.tolist()
+        self.kept = [(first_bytes[start], ends[stop - 1]) for start, stop in runs]
+        self.total = sum(last - first for first, last in self.kept)
+        base = stack.enter_context(open(item["base_path"], "rb", buffering=0))  # noqa: SIM115 - closed by the stack
+        self.base, self.proof, self.path = base, list(item["identity"]), item["out_path"]
+        if identity(os.fstat(base.fileno())) != self.proof or self.proof[2] != (ends[-1] if ends else 0):
+            raise InterruptedError  # not the file the prover proved
+        mapped = mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ)
+        stack.callback(_close_map, mapped)
+        self.view = memoryview(mapped)
+        stack.callback(self.view.release)
+        # The bytes before the first record dropped are the base's: the digest goes on from the prover's last state
+        prefix = self.kept[0][1] if runs[0][0] == 0 else 0
+        self.digest, self.done = sha256_states.resumed(item["states"], prefix, sha256_states.STATE_EVERY) \
+            if prefix else (sha256_states.Sha256(), 0)
+        self.out = stack.enter_context(open(self.path, "xb", buffering=0))  # noqa: SIM115 - closed by the stack
+
+    def pieces(self) -> Any:
+        """(bytes to write, where in the new file, the part of them still to hash), up to ``WRITE_PIECE`` at a time."""
+        from .splice import WRITE_PIECE
+
+        at = 0
+        for first, last in self.kept:
+            while first < last:
+                end = min(last, first + WRITE_PIECE)
+                piece = self.view[first:end]
+                yield piece, at, piece[max(0, self.done - at):]
+                at, first = at + end - first, end
+
+    def entry(self) -> dict[str, Any]:
+        """What ``take_prepared`` checks, once every piece is written (InterruptedError: the base changed)."""
+        if identity(os.fstat(self.base.fileno())) != self.proof or os.fstat(self.out.fileno()).st_size != self.total:
+            raise InterruptedError
+        start_writeback(self.out.fileno(), 0, self.total)
+        return {"runs": self.runs, "base_identity": self.proof, "identity": identity(os.fstat(self.out.fileno())),
+                "bytes": self.total, "index_sha256": hashlib.sha256(self.index_data).hexdigest(), "path": self.path,
+                "kept_state": self.digest.state().hex()}
+
+
+def _close_map(mapped: Any) -> None:
+    with contextlib.suppress(BufferError):  # a piece still held (a pass cut short): unmapped once it is let go of
+        mapped.close()
+
+
+def copy_proven(items: list[dict[str, Any]], stop_flag: str) -> list[dict[str, Any] | None]:
+    """In a pool process: the kept runs of base shards this build's prover proved already (before it knew their runs)
+    written into new files, as ``prove_and_copy`` writes them, two shards at once: their new digests are two streams
+    of one pass (``sha256_states.update_pair``), each from the prover's last saved state before the shard's first
+    dropped record. Each item: ``base_path``, ``num_records``, ``identity`` (the proof's), ``runs``, ``out_path`` and
+    ``states`` (the prover's saved states). Returns each copy's entry (``take_prepared``), or None, and no file, where
+    the base or its index cannot be read, the base is not (or no longer) the file proved, or ``stop_flag`` appeared
+    (asked every few MiB)."""
+    from .splice import DamagedBase, write_all
+
+    entries: list[dict[str, Any] | None] = [None] * len(items)
+    with contextlib.ExitStack() as stack:
+        copies: dict[int, _ProvenCopy] = {}
+        for number, item in enumerate(items):
+            try:
+                copies[number] = _ProvenCopy(stack, item)
+            except (OSError, ValueError, IndexError, InterruptedError, DamagedBase):
+                continue
+        streams = [(copy, copy.pieces()) for copy in copies.values()]
+        try:
+            moved = MAPPED_CHUNK  # (the flag is asked before the first piece, then every MAPPED_CHUNK bytes)
+            while streams:
+                if moved >= MAPPED_CHUNK:
+                    moved = 0
+                    if os.path.exists(stop_flag):
+                        raise InterruptedError
+                pieces = []
+                for copy, stream in list(streams):
+                    piece = next(stream, None)
+                    if piece is None:
+                        streams.remove((copy, stream))
+                    else:
+                        pieces.append((copy, *piece))
+                hashed = [(copy.digest, rest) for copy, _, _, rest in pieces if len(rest)]
+                if len(hashed) == 2:
+                    sha256_states.update_pair(hashed[0][0], hashed[0][1], hashed[1][0], hashed[1][1])
+                elif hashed:
+                    hashed[0][0].update(hashed[0][1])
+                for copy, data, at, _ in pieces:
+                    write_all(copy.out.fileno(), data, at)
+                    moved += len(data)
+                del pieces, hashed  # (no view of a map outlives its pass)
+            for number, copy in copies.items():
+                with contextlib.suppress(OSError, InterruptedError):
+                    entries[number] = copy.entry()
+        except (OSError, InterruptedError, ValueError):
+            pass
+        finally:
+            streams.clear()
+    for number, copy in copies.items():
+        if entries[number] is None:
+            with contextlib.suppress(OSError):
+                os.unlink(copy.path)
+    return entries
 
 
 def take_prepared(entry: dict[str, Any] | None, origin: dict[str, Any], base_identity: list[int], kept_bytes: int,

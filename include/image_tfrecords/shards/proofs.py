@@ -22,8 +22,8 @@ that uses it finds the damage itself and says so. The shards are mapped, as the 
 (``storage.base.mapped_chunks``): a bad sector or a file cut short while it is mapped is a SIGBUS there, as in a
 splice; a lone shard is read into one buffer. Once discovery has
 listed the source, ``predict`` asks which runs of records each base shard keeps (``shards.prepare``): a shard that
-loses records is then proven and its kept bytes copied in the same pass (``prove_and_copy``), and those copies are
-staged too.
+loses records is then proven and its kept bytes copied in the same pass (``prove_and_copy``); one proven before
+the prediction came has its kept bytes copied first, two shards a job (``copy_proven``); those copies are staged too.
 
 The pool's first task forks its workers, so ``start`` is called on the main thread; the pool's jobs stop at a
 flag file (``STOP_FLAG``) between chunks, and the callbacks that hand out the next shard take only this
@@ -146,6 +146,8 @@ class Prover:
         self._todo: deque[tuple[str, str, int]] = deque()
         self._width, self._deferred = 1, False  # jobs at a time; whether they wait for the prediction
         self._in_flight: dict[Future[Any], list[tuple[str, str]]] = {}
+        self._copying: set[Future[Any]] = set()  # the jobs of ``_in_flight`` that copy shards proven already
+        self._copy_todo: deque[str] = deque()  # shards proven before their runs were known, to copy (``copy_proven``)
         self.runs: dict[str, list[list[int]]] | None = None  # the predicted runs of the base shards that lose records
         self.base_uri, self.records = "", {}
         self.prepared: dict[str, dict[str, Any]] = {}  # base shard file -> its prepared copy (shards.prepare)
@@ -221,10 +223,10 @@ class Prover:
                 runs = None
             if runs is not None:
                 self.runs = {file: kept for file, kept in runs.items() if file in self.records and kept}
-            if self._deferred:  # (``start`` left the jobs to this moment)
-                self._deferred = False
-                for _ in range(self._width):
-                    self._submit_next()
+                self._copy_todo.extend(file for file, _, _ in self.shards if file in self.proofs and file in self.runs)
+            self._deferred = False  # (``start`` may have left the jobs to this moment; they may all be done too)
+            for _ in range(self._width - len(self._in_flight)):
+                self._submit_next()
 
     def drop_prepared(self) -> None:
         """Remove the prepared copies no splice took (after the write stage, or when the build ends)."""
@@ -232,15 +234,32 @@ class Prover:
             shutil.rmtree(self._prepared_dir, ignore_errors=True)
 
     def _submit_next(self) -> None:
-        """Hand the next shards to the pool (``start``, then each finished job's callback): a shard whose kept runs
-        are predicted is proven and copied (``prove_and_copy``); others two at a time, hashed at once as two streams
-        in one pass (``prove_files``)."""
-        from .prepare import prove_and_copy
+        """Hand the next shards to the pool (``start``, then each finished job's callback): first the shards proven
+        before their kept runs were predicted, two at a time (``copy_proven``: their new digests as two streams of
+        one pass, where the splices would hash each alone); then a shard whose kept runs are predicted is proven and
+        copied (``prove_and_copy``); others two at a time, hashed at once as two streams in one pass
+        (``prove_files``)."""
+        from .prepare import copy_proven, prove_and_copy
 
         with self._lock:
-            if self._stop.is_set() or not self._todo:
+            if self._stop.is_set() or not (self._todo or self._copy_todo):
                 return
             runs = self.runs or {}
+            if self._copy_todo:
+                files = [self._copy_todo.popleft() for _ in range(min(2, len(self._copy_todo)))]
+                items = [{"base_path": join(self.cfg.dataset_uri, self.version or "", file),
+                          "num_records": self.records[file], "identity": self.proofs[file]["identity"],
+                          "runs": runs[file], "out_path": os.path.join(self._prepared_dir, file),
+                          "states": self.states.get(file, b"")} for file in files]
+                try:
+                    job = self._pool.submit(copy_proven, items, os.path.join(self._flag_dir, STOP_FLAG))  # type: ignore[union-attr]
+                except Exception as exc:  # a pool shut down or broken: only a head start
+                    self.failed = f"{type(exc).__name__}: {exc}"
+                    return
+                self._in_flight[job] = [(file, self.proofs[file]["sha256"]) for file in files]
+                self._copying.add(job)
+                job.add_done_callback(self._finished)
+                return
             items = [self._todo.popleft()]
             if items[0][0] not in runs and self._todo and self._todo[0][0] not in runs:
                 items.append(self._todo.popleft())
@@ -269,6 +288,14 @@ class Prover:
             except Exception as exc:  # a broken pool: only a head start
                 self.failed = self.failed or f"{type(exc).__name__}: {exc}"
                 result = None
+            if job in self._copying:  # copy_proven's: a copy, or None, for each
+                self._copying.discard(job)
+                for (file, _), entry in zip(items, result or [None] * len(items), strict=True):
+                    if entry is not None:
+                        self.prepared[file] = entry
+                self.seconds = time.perf_counter() - self._started
+                self._submit_next()
+                return
             copy = None
             if isinstance(result, tuple):  # prove_and_copy's
                 held, read, copy = result
@@ -279,6 +306,8 @@ class Prover:
                     self._proved(file, sha256, held[1], held[2])
                     if copy is not None:
                         self.prepared[file] = copy
+                    elif self.runs and file in self.runs and self._prepared_dir:  # proven before its runs were known
+                        self._copy_todo.append(file)
             self.seconds = time.perf_counter() - self._started
             self._submit_next()
 
