@@ -40,9 +40,8 @@ def _dropping(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {origin["file"]: origin for origin in plan["rewrite"].values() if origin["kept"] < origin["num_records"]}
 
 
-def _prepare_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, list[list[int]]]]:
-    """Prove every base shard, and prove and copy every predicted one ahead (``prove_and_copy``), here, to its end;
-    the proofs staged."""
+def _proven_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, list[list[int]]], str]:
+    """A prover that proved every base shard here (``run``), the predicted runs, and the folder of the copies."""
     prover = _prover(cfg, storage)
     prover.run()
     runs = predicted_runs(cfg, storage, prover.base_uri)
@@ -50,6 +49,13 @@ def _prepare_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, 
     assert folder is not None
     os.makedirs(folder, exist_ok=True)
     prover._prepared_dir = folder  # as ``Prover.predict`` leaves it, for ``drop_prepared``
+    return prover, runs, folder
+
+
+def _prepare_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, list[list[int]]]]:
+    """Prove every base shard, and prove and copy every predicted one ahead (``prove_and_copy``), here, to its end;
+    the proofs staged."""
+    prover, runs, folder = _proven_all(cfg, storage)
     for file, kept in runs.items():
         size = os.path.getsize(join(prover.base_uri, file))
         held, read, entry = prove_and_copy(join(prover.base_uri, file), size, prover.records[file], kept,
@@ -73,13 +79,7 @@ def _proven_item(prover: Prover, file: str, runs: list[list[int]], out: str) -> 
 def _copy_proven_all(cfg: BuildConfig, storage: Storage) -> tuple[Prover, dict[str, list[list[int]]]]:
     """Prove every base shard first (``Prover.run``: its runs not known yet), then copy every predicted one two at a
     time (``copy_proven``, the last alone when their number is odd); the proofs staged."""
-    prover = _prover(cfg, storage)
-    prover.run()
-    runs = predicted_runs(cfg, storage, prover.base_uri)
-    folder = prepared_dir(cfg, storage)
-    assert folder is not None
-    os.makedirs(folder, exist_ok=True)
-    prover._prepared_dir = folder
+    prover, runs, folder = _proven_all(cfg, storage)
     files = sorted(runs)
     for first in range(0, len(files), 2):
         pair = files[first:first + 2]
