@@ -111,8 +111,9 @@ def test_copies_ahead_splice_to_the_reference_and_are_taken(copies: str, tmp_pat
     byte the record-by-record reference, with its digest and index; the copy is the splice's own file from then on.
     Copies made in the pass that proves their base (``proving``: it saves the base's SHA-256 states as the prover
     does, here every 4 KiB) and copies of bases proven before, two at a time, their digests from the prover's states
-    (``proven``)."""
+    (``proven``; in pieces of 1 KiB, so that some lie wholly in a prefix hashed already)."""
     monkeypatch.setattr(sha256_states, "STATE_EVERY", 4096)
+    monkeypatch.setattr(splice, "WRITE_PIECE", 1024)
     storage, _, cfg = night(tmp_path)
     plan = read_json(storage, staged(cfg, PLAN))
     prover, runs = (_prepare_all if copies == "proving" else _copy_proven_all)(cfg, storage)

@@ -230,6 +230,19 @@ class _ProvenCopy:
                 yield piece, at, piece[max(0, self.done - at):]
                 at, first = at + end - first, end
 
+    def next_to_hash(self, pieces: Any) -> tuple[tuple[Any, int, Any] | None, int]:
+        """The next of ``pieces`` (``pieces()``) with bytes to hash (None at their end), the pieces before it written
+        on the way, and their bytes."""
+        from .splice import write_all
+
+        moved = 0
+        for data, at, rest in pieces:
+            if len(rest):
+                return (data, at, rest), moved
+            write_all(self.out.fileno(), data, at)
+            moved += len(data)
+        return None, moved
+
     def entry(self) -> dict[str, Any]:
         """What ``take_prepared`` checks, once every piece is written (InterruptedError: the base changed)."""
         if identity(os.fstat(self.base.fileno())) != self.proof or os.fstat(self.out.fileno()).st_size != self.total:
@@ -271,22 +284,22 @@ def copy_proven(items: list[dict[str, Any]], stop_flag: str) -> list[dict[str, A
                     moved = 0
                     if os.path.exists(stop_flag):
                         raise InterruptedError
-                pieces = []
+                pieces = []  # each stream's next piece to hash (the prefix's, hashed already, written on the way)
                 for copy, stream in list(streams):
-                    piece = next(stream, None)
+                    piece, skipped = copy.next_to_hash(stream)
+                    moved += skipped
                     if piece is None:
                         streams.remove((copy, stream))
                     else:
                         pieces.append((copy, *piece))
-                hashed = [(copy.digest, rest) for copy, _, _, rest in pieces if len(rest)]
-                if len(hashed) == 2:
-                    sha256_states.update_pair(hashed[0][0], hashed[0][1], hashed[1][0], hashed[1][1])
-                elif hashed:
-                    hashed[0][0].update(hashed[0][1])
+                if len(pieces) == 2:
+                    sha256_states.update_pair(pieces[0][0].digest, pieces[0][3], pieces[1][0].digest, pieces[1][3])
+                elif pieces:
+                    pieces[0][0].digest.update(pieces[0][3])
                 for copy, data, at, _ in pieces:
                     write_all(copy.out.fileno(), data, at)
                     moved += len(data)
-                del pieces, hashed  # (no view of a map outlives its pass)
+                del pieces  # (no view of a map outlives its pass)
             for number, copy in copies.items():
                 with contextlib.suppress(OSError, InterruptedError):
                     entries[number] = copy.entry()
