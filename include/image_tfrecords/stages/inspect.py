@@ -67,6 +67,7 @@ from ..staging import (
 from ..storage import Storage, join
 from ..storage.csv_blocks import Block, Quoted, blocks
 from ..storage.documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
+from ..storage.row_text import gather, join_rows
 
 CHUNKS = "inspect/chunks.json"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
@@ -174,11 +175,11 @@ def _plan_from_columns(cfg: BuildConfig, storage: Storage, found: Any, sizes: An
         first = 0
         for part in parts:
             where = found[first:first + len(part)]
-            labels = part.column(1)
-            lines = [b"%d,%s,%s\n" % (first + i, labels[i], base[at >> 32:(at >> 32) + (at & 0xFFFFFFFF)])
-                     for i, at in zip(np.flatnonzero(where >= 0).tolist(), where[where >= 0].tolist(), strict=True)]
-            carried.write_bytes_lines(lines)
-            names, stamps = part.column(0), part.column(3)
+            rows, at = np.flatnonzero(where >= 0), where[where >= 0]
+            text, _ = join_rows(len(rows), [(first + rows,), (part.data, part.starts[rows, 1], part.stops[rows, 1]),
+                                            (base, at >> 32, (at >> 32) + (at & 0xFFFFFFFF))])  # number, label, row
+            carried.write_text(text, len(rows))
+            labels, names, stamps = part.column(1), part.column(0), part.column(3)
             for i in np.flatnonzero(where < 0).tolist():
                 todo.add({"number": first + i, "filename": names[i].decode("utf-8", "surrogateescape"),
                           "label": labels[i].decode("utf-8", "surrogateescape"), "num_bytes": int(sizes[first + i]),
@@ -304,16 +305,14 @@ def _merge_blocks(carried: Iterator[Block], fresh: Iterator[tuple[int, str]], on
         image = (part.starts[:, -1] == part.stops[:, -1]) & (part.starts[:, -2] == part.stops[:, -2])
         others = [*np.flatnonzero(~image).tolist(), len(part)]  # carried rejects (parsed, one by one), then the end
         data, at, count, other = part.data, 0, len(part), 0
-        ends = (part.stops[:, -1] + 1).tolist()
+        ends = part.stops[:, -1] + 1
         while at < count:
             stop = others[other]
             if pending is not None:  # a fresh row goes before the first carried row with a higher number
                 stop = min(stop, int(np.searchsorted(numbers, pending[0])))
             if stop > at:
-                good.write_bytes_lines([data[a:b] for a, b in zip(part.starts[at:stop, 1].tolist(), ends[at:stop],
-                                                                    strict=True)])
-                inspection.write_bytes_lines([data[a:b] for a, b in zip(part.starts[at:stop, 2].tolist(),
-                                                                          ends[at:stop], strict=True)])
+                good.write_text(gather(data, part.starts[at:stop, 1], ends[at:stop]), stop - at)
+                inspection.write_text(gather(data, part.starts[at:stop, 2], ends[at:stop]), stop - at)
                 at = stop
                 continue
             if pending is not None and pending[0] < numbers[at]:
@@ -321,7 +320,7 @@ def _merge_blocks(carried: Iterator[Block], fresh: Iterator[tuple[int, str]], on
                 pending = next(fresh, None)
             else:
                 other += 1
-                one(data[int(part.starts[at, 0]):ends[at] - 1].decode("utf-8", "surrogateescape"))
+                one(data[int(part.starts[at, 0]):int(ends[at]) - 1].decode("utf-8", "surrogateescape"))
                 at += 1
     while pending is not None:
         one(pending[1])

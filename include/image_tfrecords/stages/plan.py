@@ -49,6 +49,7 @@ from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMM
 from ..storage import Storage
 from ..storage.csv_blocks import Block, Quoted, Ragged, blocks
 from ..storage.documents import csv_field, csv_writer, list_rows, raw_rows, read_json, write_json
+from ..storage.row_text import gather, join_rows
 from ..storage.span_map import SpanMap
 
 
@@ -308,38 +309,34 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
             raise BuildError(f"{staged(cfg, RECORDS)} holds {seen} rows, {count} were planned")
     storage.upload(labels_path, staged(cfg, LABELS))
     head = header.encode()
-    line_starts = offsets.tolist()  # (plain ints: a slice per record below)
     with open(labels_path, "rb") as f, (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) as lines:
         for shard, name in enumerate(files):
             rows = order[starts[shard]:starts[shard + 1]]
             if not len(rows):
                 continue  # an empty split has no shards; a planned shard always has members
             storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
-                                head + b"".join([lines[line_starts[r]:line_starts[r + 1]] for r in rows.tolist()]))
+                                head + gather(lines, offsets[rows], offsets[rows + 1]))
 
 
 def _labels_from_blocks(cfg: BuildConfig, storage: Storage, layout: Layout, position: Any, suffixes: list[str],
                         offsets: Any, out: Any) -> int:
     """Write labels.csv's rows to ``out``: each records.csv row as it is, then its shard and place, read as blocks
     (``csv_blocks``); set ``offsets`` (where each row's line starts; the header's length at 0). Returns the rows."""
-    import numpy as np
 
     count = len(position)
     names = [suffix.encode() for suffix in suffixes]
     number = 0
     with blocks(storage, staged(cfg, RECORDS), ",".join(record_fields(cfg))) as table:
         for part in table:
-            rows = part.data.split(b"\n")[:-1]
-            if number + len(rows) > count:
+            rows = len(part)
+            if number + rows > count:
                 raise BuildError(f"{staged(cfg, RECORDS)} holds more rows than were planned")
-            ends = [b",%s,%d\n" % (names[shard], place) for shard, place in
-                    zip(layout.shard_of[number:number + len(rows)].tolist(),
-                        position[number:number + len(rows)].tolist(), strict=True)]
-            lines = list(map(bytes.__add__, rows, ends))
-            offsets[number + 1:number + len(rows) + 1] = offsets[number] + np.cumsum(
-                np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
-            out.writelines(lines)
-            number += len(rows)
+            text, ends = join_rows(rows, [(part.data, part.starts[:, 0], part.stops[:, -1]),  # the row as it is
+                                          (names, layout.shard_of[number:number + rows]),
+                                          (position[number:number + rows],)])
+            offsets[number + 1:number + rows + 1] = offsets[number] + ends
+            out.write(text)
+            number += rows
     return number
 
 

@@ -36,8 +36,9 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
-from ..storage.csv_blocks import Block, Quoted, blocks, spans, within
+from ..storage.csv_blocks import Block, Quoted, blocks, within
 from ..storage.documents import RowWriter, list_rows, read_json, read_rows, write_json
+from ..storage.row_text import join_rows
 
 
 @summarized
@@ -242,11 +243,11 @@ def _block_records(run: _Run, part: Block) -> None:
     label_names, label_of = np.unique(part.column(col["label"])[rows], return_inverse=True)
     ids = [b"%d" % run.class_ids[n.decode("utf-8", "surrogateescape")] for n in label_names.tolist()]
     split_names = [n.encode() for n in splits]
-    generated = {"label_id": [ids[k] for k in label_of.ravel().tolist()],
-                 "split": [split_names[k] for k in number.tolist()]}
-    pieces = [generated[run_of[0]] if run_of[0] in generated else _field_spans(part, [col[f] for f in run_of], rows)
-              for run_of in _runs(col, fields)]
-    run.labels.write_bytes_lines([b",".join(values) + b"\n" for values in zip(*pieces, strict=True)])
+    generated = {"label_id": (ids, label_of.ravel()), "split": (split_names, number)}
+    pieces = [generated[run_of[0]] if run_of[0] in generated else
+              (part.data, part.starts[rows, col[run_of[0]]], part.stops[rows, col[run_of[-1]]])
+              for run_of in _runs(col, fields)]  # (a run of consecutive columns, with the commas between them)
+    run.labels.write_text(join_rows(len(rows), pieces)[0], len(rows))
     for split, records in zip(splits, np.bincount(number, minlength=len(splits)).tolist(), strict=True):
         run.per_split[split]["records"] += records
     try:
@@ -278,12 +279,6 @@ def _runs(col: dict[str, int], fields: tuple[str, ...]) -> list[list[str]]:
         else:
             runs.append([field])
     return runs
-
-
-def _field_spans(part: Block, columns: list[int], rows: Any) -> list[bytes]:
-    """The bytes of consecutive images.csv ``columns`` (with the commas between them) in each of ``rows`` of
-    ``part``."""
-    return spans(part.data, part.starts[rows, columns[0]], part.stops[rows, columns[-1]])
 
 
 def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> dict[str, tuple[str, str]]:

@@ -7,6 +7,9 @@
  * int64 a key; ``missing`` for a key never added). The int arrays are any buffers of native 8-byte integers
  * (numpy int64). Keys are kept whole (compared byte for byte, never by a digest): memory holds each key's bytes
  * and 32 bytes a slot, at most half of them used. Python's fallback (storage/span_map.py) gives the same answers.
+ *
+ * join_rows (below): the text of many CSV rows at once, from spans of buffers, picks from lists and numbers
+ * (storage/row_text.py, whose Python fallback gives the same bytes).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -292,8 +295,175 @@ static PyType_Spec SpanMap_spec = {
     "image_tfrecords.storage._spanmap.SpanMap", sizeof(SpanMap), 0, Py_TPFLAGS_DEFAULT, SpanMap_slots,
 };
 
+/* join_rows(count, pieces, sep, end) -> (text, ends): ``count`` rows of text, each its pieces' values joined by
+ * ``sep`` and followed by ``end``, and where each row ends in the text (bytes of native int64s). A piece is a tuple:
+ * (data, starts, stops): row i's value is data[starts[i]:stops[i]] (data any buffer: bytes, a map);
+ * (values, index): row i's value is values[index[i]] (a list of bytes);
+ * (numbers,): row i's value is numbers[i] in decimal.
+ * The int arrays are buffers of native int64 (numpy) of at least ``count`` items; a span outside its data or an
+ * index outside its values is a ValueError. */
+enum { SPANS = 0, PICKS = 1, NUMBERS = 2 };
+
+typedef struct {
+    int kind;
+    Py_buffer data, a, b; /* SPANS: data, starts, stops; PICKS: -, index, -; NUMBERS: -, numbers, - */
+    PyObject *values;     /* PICKS: the list */
+    int held;             /* which buffers are held: 1 data, 2 a, 4 b */
+} Piece;
+
+static void release_pieces(Piece *pieces, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (pieces[k].held & 1) PyBuffer_Release(&pieces[k].data);
+        if (pieces[k].held & 2) PyBuffer_Release(&pieces[k].a);
+        if (pieces[k].held & 4) PyBuffer_Release(&pieces[k].b);
+    }
+    PyMem_Free(pieces);
+}
+
+static int row_ints(PyObject *obj, Py_buffer *view, Py_ssize_t count) {
+    if (int_buffer(obj, view, "a piece's int array") < 0) return -1;
+    if (view->len / 8 < count) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "join_rows: an int array holds fewer items than rows");
+        return -1;
+    }
+    return 0;
+}
+
+static size_t decimal(int64_t v, char *out) { /* writes v's digits to out (if not NULL); returns their count */
+    char tmp[24];
+    size_t n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do { tmp[n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) tmp[n++] = '-';
+    if (out) for (size_t i = 0; i < n; i++) out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+static PyObject *join_rows(PyObject *self, PyObject *args) {
+    Py_ssize_t count;
+    PyObject *list;
+    const char *sep, *end;
+    Py_ssize_t sep_len, end_len;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "nOy#y#", &count, &list, &sep, &sep_len, &end, &end_len)) return NULL;
+    if (count < 0) { PyErr_SetString(PyExc_ValueError, "join_rows: a negative count"); return NULL; }
+    PyObject *seq = PySequence_Fast(list, "join_rows: pieces must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Piece *pieces = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Piece));
+    if (!pieces) { Py_DECREF(seq); return PyErr_NoMemory(); }
+    PyObject *text = NULL, *ends = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        Py_ssize_t size = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : -1;
+        Piece *p = &pieces[k];
+        if (size == 3) {
+            p->kind = SPANS;
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), &p->data, PyBUF_SIMPLE) < 0) goto fail;
+            p->held |= 1;
+            if (row_ints(PyTuple_GET_ITEM(item, 1), &p->a, count) < 0) goto fail;
+            p->held |= 2;
+            if (row_ints(PyTuple_GET_ITEM(item, 2), &p->b, count) < 0) goto fail;
+            p->held |= 4;
+        } else if (size == 2) {
+            p->kind = PICKS;
+            p->values = PyTuple_GET_ITEM(item, 0);
+            if (!PyList_Check(p->values)) {
+                PyErr_SetString(PyExc_TypeError, "join_rows: a piece's values must be a list of bytes");
+                goto fail;
+            }
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(p->values); j++)
+                if (!PyBytes_Check(PyList_GET_ITEM(p->values, j))) {
+                    PyErr_SetString(PyExc_TypeError, "join_rows: a piece's values must be a list of bytes");
+                    goto fail;
+                }
+            if (row_ints(PyTuple_GET_ITEM(item, 1), &p->a, count) < 0) goto fail;
+            p->held |= 2;
+        } else if (size == 1) {
+            p->kind = NUMBERS;
+            if (row_ints(PyTuple_GET_ITEM(item, 0), &p->a, count) < 0) goto fail;
+            p->held |= 2;
+        } else {
+            PyErr_SetString(PyExc_TypeError, "join_rows: a piece is a tuple of 1, 2 or 3 items");
+            goto fail;
+        }
+    }
+    /* First pass: the text's length, with every span and index checked. */
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Piece *p = &pieces[k];
+            if (p->kind == SPANS) {
+                int64_t a = ((const int64_t *)p->a.buf)[i], b = ((const int64_t *)p->b.buf)[i];
+                if (a < 0 || b < a || b > p->data.len) {
+                    PyErr_SetString(PyExc_ValueError, "join_rows: a span outside its data");
+                    goto fail;
+                }
+                total += (size_t)(b - a);
+            } else if (p->kind == PICKS) {
+                int64_t j = ((const int64_t *)p->a.buf)[i];
+                if (j < 0 || j >= PyList_GET_SIZE(p->values)) {
+                    PyErr_SetString(PyExc_ValueError, "join_rows: an index outside its values");
+                    goto fail;
+                }
+                total += (size_t)PyBytes_GET_SIZE(PyList_GET_ITEM(p->values, j));
+            } else {
+                total += decimal(((const int64_t *)p->a.buf)[i], NULL);
+            }
+        }
+        total += (size_t)(n ? n - 1 : 0) * (size_t)sep_len + (size_t)end_len;
+    }
+    if (total > (size_t)PY_SSIZE_T_MAX) { PyErr_NoMemory(); goto fail; }
+    text = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    ends = PyBytes_FromStringAndSize(NULL, count * 8);
+    if (!text || !ends) goto fail;
+    char *out = PyBytes_AS_STRING(text);
+    int64_t *row_ends = (int64_t *)PyBytes_AS_STRING(ends);
+    size_t at = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Piece *p = &pieces[k];
+            if (k) { memcpy(out + at, sep, (size_t)sep_len); at += (size_t)sep_len; }
+            if (p->kind == SPANS) {
+                int64_t a = ((const int64_t *)p->a.buf)[i], b = ((const int64_t *)p->b.buf)[i];
+                memcpy(out + at, (const char *)p->data.buf + a, (size_t)(b - a));
+                at += (size_t)(b - a);
+            } else if (p->kind == PICKS) {
+                PyObject *v = PyList_GET_ITEM(p->values, ((const int64_t *)p->a.buf)[i]);
+                memcpy(out + at, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v));
+                at += (size_t)PyBytes_GET_SIZE(v);
+            } else {
+                at += decimal(((const int64_t *)p->a.buf)[i], out + at);
+            }
+        }
+        memcpy(out + at, end, (size_t)end_len);
+        at += (size_t)end_len;
+        row_ends[i] = (int64_t)at;
+    }
+    release_pieces(pieces, n);
+    Py_DECREF(seq);
+    PyObject *result = PyTuple_Pack(2, text, ends);
+    Py_DECREF(text);
+    Py_DECREF(ends);
+    return result;
+fail:
+    Py_XDECREF(text);
+    Py_XDECREF(ends);
+    release_pieces(pieces, n);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef module_methods[] = {
+    {"join_rows", join_rows, METH_VARARGS,
+     "join_rows(count, pieces, sep, end) -> (text, ends): rows of spans, picked values and decimals, joined."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, .m_name = "_spanmap", .m_doc = "Joins of byte spans.", .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__spanmap(void) {

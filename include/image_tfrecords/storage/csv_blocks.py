@@ -114,11 +114,6 @@ class Block:
         return self.starts[:, first], self.stops[:, last]
 
 
-def spans(data: bytes, starts: Any, stops: Any) -> list[bytes]:
-    """``data[start:stop]`` for each pair of the two numpy arrays (a block's fields or runs of them, row by row)."""
-    return [data[a:b] for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
-
-
 def distinct(values: Any) -> Any:
     """``numpy.unique(values)``: the sorted distinct values, without its check for a masked array, whose first call
     imports ``numpy.ma`` (20 ms of a 0.8 s night on this machine's one busy core)."""

@@ -187,6 +187,12 @@ class RowWriter:
         self._file.buffer.writelines(lines)
         self.count += len(lines)
 
+    def write_text(self, text: bytes, rows: int) -> None:
+        """Write ``rows`` rows already formatted as CSV, as one UTF-8 text (``storage.row_text``)."""
+        self._file.flush()
+        self._file.buffer.write(text)
+        self.count += rows
+
     def close(self) -> None:
         self._file.close()
         try:
