@@ -274,7 +274,7 @@ def copy_proven(items: list[dict[str, Any]], stop_flag: str) -> list[dict[str, A
         for number, item in enumerate(items):
             try:
                 copies[number] = _ProvenCopy(stack, item)
-            except (OSError, ValueError, IndexError, InterruptedError, DamagedBase):
+            except (OSError, ValueError, IndexError, InterruptedError, RuntimeError, DamagedBase):
                 continue
         streams = [(copy, copy.pieces()) for copy in copies.values()]
         try:
@@ -303,7 +303,7 @@ def copy_proven(items: list[dict[str, Any]], stop_flag: str) -> list[dict[str, A
             for number, copy in copies.items():
                 with contextlib.suppress(OSError, InterruptedError):
                     entries[number] = copy.entry()
-        except (OSError, InterruptedError, ValueError):
+        except (OSError, InterruptedError, ValueError, RuntimeError):  # (RuntimeError: a SHA-256 call failed)
             pass
         finally:
             streams.clear()
