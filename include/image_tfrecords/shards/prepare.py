@@ -126,6 +126,32 @@ def _predicted_from_rows(cfg: BuildConfig, storage: Storage, base_uri: str) -> d
     return {file: runs_of(sorted(places[file])) for file in sorted(dropped)}
 
 
+def _kept_ranges(base_path: str, num_records: int, runs: list[list[int]]
+                 ) -> tuple[bytes, list[tuple[int, int]], int | None] | None:
+    """The base shard's ``.tfindex`` (read beside it), the byte ranges ``[first, last)`` of ``runs`` (its records, as
+    that index places them) and where its last record ends (None without records); None for runs that are not
+    records of it. OSError or ``DamagedBase`` where the index cannot be read or parsed."""
+    from .splice import _index
+
+    with open(layout.index_file(base_path), "rb") as f:
+        index_data = f.read()
+    starts, lengths = _index(index_data, num_records)
+    if any(not 0 <= start < stop <= num_records for start, stop in runs):
+        return None
+    ends, first_bytes = (starts + lengths).tolist(), starts.tolist()
+    return index_data, [(first_bytes[start], ends[stop - 1]) for start, stop in runs], ends[-1] if ends else None
+
+
+def _copy_entry(runs: list[list[int]], base_identity: list[int], out: int, written: int, index_data: bytes,
+                path: str, digest: Any) -> dict[str, Any]:
+    """What ``take_prepared`` checks of a copy of ``written`` bytes in the open file ``out`` at ``path`` (the disk
+    started on them), made of ``runs`` of the base file ``base_identity`` through ``index_data``; ``digest``: their
+    SHA-256 so far (``sha256_states.Sha256``), whose state a splice goes on from."""
+    start_writeback(out, 0, written)
+    return {"runs": runs, "base_identity": base_identity, "identity": identity(os.fstat(out)), "bytes": written,
+            "index_sha256": hashlib.sha256(index_data).hexdigest(), "path": path, "kept_state": digest.state().hex()}
+
+
 def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[list[int]], out_path: str,
                    stop_flag: str) -> tuple[Held | None, int, dict[str, Any] | None]:
     """In a pool process, in one pass over the base shard at ``base_path`` (mapped, as the prover maps it): its
@@ -136,20 +162,17 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
     the file is not ``num_bytes`` long), the bytes read and what ``take_prepared`` checks (None, and no file, when
     the base or its index cannot be read as they are, the base changed while it was read, or ``stop_flag``
     appeared: asked between chunks)."""
-    from .splice import DamagedBase, _index, write_all
+    from .splice import DamagedBase, write_all
 
     read, every = 0, sha256_states.STATE_EVERY
     try:
-        with open(layout.index_file(base_path), "rb") as f:
-            index_data = f.read()
-        starts, lengths = _index(index_data, num_records)
-        if any(not 0 <= start < stop <= num_records for start, stop in runs):
+        found = _kept_ranges(base_path, num_records, runs)
+        if found is None:
             return None, 0, None
-        ends, first_bytes = (starts + lengths).tolist(), starts.tolist()
-        kept = [(first_bytes[start], ends[stop - 1]) for start, stop in runs]
+        index_data, kept, end_of_index = found
         with open(base_path, "rb", buffering=0) as base, open(out_path, "xb", buffering=0) as out:
             before = identity(os.fstat(base.fileno()))
-            if before[2] != num_bytes or not num_bytes or (ends and ends[-1] != num_bytes):
+            if before[2] != num_bytes or not num_bytes or end_of_index not in (None, num_bytes):
                 raise InterruptedError
             base_digest, kept_digest, states = sha256_states.Sha256(), sha256_states.Sha256(), []
             written, k = 0, 0
@@ -175,11 +198,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
             if read != num_bytes or identity(os.fstat(base.fileno())) != before or \
                     written != sum(last - first for first, last in kept):
                 raise InterruptedError
-            start_writeback(out.fileno(), 0, written)
-            copy = identity(os.fstat(out.fileno()))
-        entry = {"runs": runs, "base_identity": before, "identity": copy, "bytes": written,
-                 "index_sha256": hashlib.sha256(index_data).hexdigest(), "path": out_path,
-                 "kept_state": kept_digest.state().hex()}
+            entry = _copy_entry(runs, before, out.fileno(), written, index_data, out_path, kept_digest)
         return (base_digest.hexdigest(), before, b"".join(states)), read, entry
     except (OSError, ValueError, IndexError, DamagedBase, InterruptedError, RuntimeError):
         with contextlib.suppress(OSError):
@@ -193,20 +212,15 @@ class _ProvenCopy:
     def __init__(self, stack: contextlib.ExitStack, item: dict[str, Any]) -> None:
         import mmap
 
-        from .splice import _index
-
-        with open(layout.index_file(item["base_path"]), "rb") as f:
-            self.index_data = f.read()
-        starts, lengths = _index(self.index_data, item["num_records"])
         runs = self.runs = item["runs"]
-        if not runs or any(not 0 <= start < stop <= item["num_records"] for start, stop in runs):
+        found = _kept_ranges(item["base_path"], item["num_records"], runs) if runs else None
+        if found is None:
             raise ValueError("runs that are not records of the base shard")
-        ends, first_bytes = (starts + lengths).tolist(), starts.tolist()
-        self.kept = [(first_bytes[start], ends[stop - 1]) for start, stop in runs]
+        self.index_data, self.kept, end_of_index = found
         self.total = sum(last - first for first, last in self.kept)
         base = stack.enter_context(open(item["base_path"], "rb", buffering=0))  # noqa: SIM115 - closed by the stack
         self.base, self.proof, self.path = base, list(item["identity"]), item["out_path"]
-        if identity(os.fstat(base.fileno())) != self.proof or self.proof[2] != (ends[-1] if ends else 0):
+        if identity(os.fstat(base.fileno())) != self.proof or end_of_index != self.proof[2]:
             raise InterruptedError  # not the file the prover proved
         mapped = mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ)
         stack.callback(_close_map, mapped)
@@ -247,10 +261,8 @@ class _ProvenCopy:
         """What ``take_prepared`` checks, once every piece is written (InterruptedError: the base changed)."""
         if identity(os.fstat(self.base.fileno())) != self.proof or os.fstat(self.out.fileno()).st_size != self.total:
             raise InterruptedError
-        start_writeback(self.out.fileno(), 0, self.total)
-        return {"runs": self.runs, "base_identity": self.proof, "identity": identity(os.fstat(self.out.fileno())),
-                "bytes": self.total, "index_sha256": hashlib.sha256(self.index_data).hexdigest(), "path": self.path,
-                "kept_state": self.digest.state().hex()}
+        return _copy_entry(self.runs, self.proof, self.out.fileno(), self.total, self.index_data, self.path,
+                           self.digest)
 
 
 def _close_map(mapped: Any) -> None:
