@@ -322,7 +322,6 @@ def _labels_from_blocks(cfg: BuildConfig, storage: Storage, layout: Layout, posi
                         offsets: Any, out: Any) -> int:
     """Write labels.csv's rows to ``out``: each records.csv row as it is, then its shard and place, read as blocks
     (``csv_blocks``); set ``offsets`` (where each row's line starts; the header's length at 0). Returns the rows."""
-
     count = len(position)
     names = [suffix.encode() for suffix in suffixes]
     number = 0

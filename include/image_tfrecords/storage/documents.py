@@ -181,12 +181,6 @@ class RowWriter:
         self._file.write(line)
         self.count += 1
 
-    def write_bytes_lines(self, lines: list[bytes]) -> None:
-        """Write rows already formatted as CSV, as UTF-8 bytes (each ending in a newline): a block of a long table."""
-        self._file.flush()
-        self._file.buffer.writelines(lines)
-        self.count += len(lines)
-
     def write_text(self, text: bytes, rows: int) -> None:
         """Write ``rows`` rows already formatted as CSV, as one UTF-8 text (``storage.row_text``)."""
         self._file.flush()
