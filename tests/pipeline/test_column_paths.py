@@ -13,6 +13,7 @@ import pytest
 
 from image_tfrecords import stages
 from image_tfrecords.card import label_columns
+from image_tfrecords.card.row_columns import ROWS_FILE
 from image_tfrecords.config import BuildConfig
 from image_tfrecords.rules import base_version, splits
 from image_tfrecords.stages import inspect as inspect_stage
@@ -107,3 +108,11 @@ def test_the_cards_pass_over_a_staged_night_is_the_same_as_columns_and_as_rows(
     assert as_columns.diff is not None
     assert (as_columns.diff.added, as_columns.diff.removed, as_columns.diff.changed) == (12, 2, 1)
     assert _facts_key(as_columns) == _facts_key(by_rows)
+    assert as_columns.columns is not None and by_rows.columns is None
+    assert as_columns.parsed == 12 + 1  # the added and changed rows: the kept ones' columns are the previous card's
+    monkeypatch.undo()
+    saved = Path(dest) / "d" / "v1" / ROWS_FILE
+    saved.write_bytes(saved.read_bytes()[:-8])  # the previous card's columns, damaged: every row is parsed
+    again = card_stage.card_facts(cfg, storage)
+    assert again.parsed == again.columns.count == as_columns.columns.count  # type: ignore[union-attr]
+    assert _facts_key(again) == _facts_key(by_rows)

@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from image_tfrecords.card import label_columns
+from image_tfrecords.card.row_columns import ROWS_FILE, Changes, RowColumns
 from image_tfrecords.card.sections import LabelFacts, PreviousVersion, build_card, scan_labels
 from image_tfrecords.card.stats import SCAN_BATCH, LabelScan
 from image_tfrecords.images.quality import FLAGS
@@ -126,7 +128,55 @@ def test_the_columns_learn_what_the_rows_learn(tmp_path: Path, monkeypatch: pyte
         return build_card(manifest, labels, lambda: iter(REJECTS), previous, lambda _row: None,
                           labels_sha256="a" * 64, near_rows=_near(new_rows), facts=facts)
 
-    assert card(by_columns) == card(by_rows)
+    as_columns, as_rows = card(by_columns), card(by_rows)
+    assert ROWS_FILE not in as_rows  # (read as rows: no columns to keep)
+    assert RowColumns.load(as_columns.pop(ROWS_FILE), "a" * 64) is not None
+    assert as_columns == as_rows
+
+
+def _line_offsets(path: Path) -> Any:
+    """Where each row's line begins in the table at ``path`` (after its header), its length last."""
+    data = path.read_bytes()
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+    return np.concatenate((ends[:-1] + 1, [len(data)])).astype(np.int64)
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_a_night_takes_the_kept_rows_columns_from_the_previous_card(tmp_path: Path, fits: bool) -> None:
+    """Given which rows it kept of the previous version (the plan's ``Changes``), the card parses only the others,
+    and learns exactly what a pass over every row learns; changes that do not fit this table are not used."""
+    storage = Storage()
+    old_rows = _rows(3 * SCAN_BATCH + 123, seed=1)
+    old_path = _write(tmp_path / "old.csv", old_rows)
+    _, old_columns = label_columns.scan_columns(_SmallBlocks(storage, str(old_path)), *_watchers())
+    saved = RowColumns.load(old_columns.dump("c" * 64), "c" * 64)
+    assert saved is not None and RowColumns.load(old_columns.dump("c" * 64), "d" * 64) is None
+    new_rows = [row for i, row in enumerate(old_rows) if i % 50] + _rows(700, seed=2, prefix="new")[::3]
+    new_rows[7] = {**new_rows[7], "sha256": "f" * 64}  # changed
+    new_rows.sort(key=lambda row: row["filename"])
+    path = _write(tmp_path / "labels.csv", new_rows)
+    labels = _SmallBlocks(storage, str(path))
+    was = {(row["filename"], row["sha256"]): i for i, row in enumerate(old_rows)}
+    origins = np.array([was.get((row["filename"], row["sha256"]), -1) for row in new_rows], dtype=np.int64)
+    offsets = _line_offsets(path)
+    if not fits:
+        offsets = offsets[:-1]
+    changes = Changes(saved, origins, offsets)
+    previous = PreviousVersion(make_manifest(old_rows, sorted({r["label"] for r in old_rows}), version="v1"),
+                               _Rows(storage, str(old_path)), columns=saved)
+    classes = len({row["label_id"] for row in new_rows})
+    by_changes = scan_labels(None, classes, labels, lambda: iter(REJECTS), previous, _near(new_rows), changes)
+    by_rows = scan_labels(None, classes, _RowsOnly(labels), lambda: iter(REJECTS),
+                          PreviousVersion(previous.manifest, _RowsOnly(previous.labels)), _near(new_rows))
+    assert _facts_key(by_changes) == _facts_key(by_rows)
+    new = int((origins < 0).sum())
+    assert new == 234 + 1
+    assert by_changes.parsed == (new if fits else len(new_rows))
+    assert changes.taken == (len(new_rows) - new if fits else None)
+    assert by_changes.columns is not None
+    whole = label_columns.scan_columns(labels, *_watchers())[1]
+    assert by_changes.columns.dump("e" * 64) == whole.dump("e" * 64)  # the columns parsing every row makes
+    assert (by_changes.columns.starts == whole.starts).all() and (by_changes.columns.stops == whole.stops).all()
 
 
 @pytest.mark.parametrize("damage", ["quoted", "label_id", "ragged", "not_utf8", "flag"])
@@ -149,7 +199,7 @@ def test_a_table_the_columns_cannot_take_is_scanned_as_rows(tmp_path: Path, dama
     storage = Storage()
     table = _SmallBlocks(storage, str(path))
     with pytest.raises((Quoted, ValueError)):
-        label_columns.scan_columns(table.columns, *_watchers())
+        label_columns.scan_columns(table, *_watchers())
     if damage in ("ragged", "flag"):  # the rows fail too: a short row has no split; a "mystery" has no badness
         with pytest.raises(KeyError):
             scan_labels(None, 60, table, lambda: iter(REJECTS), None)
@@ -186,5 +236,5 @@ def test_a_saved_scan_of_the_columns_is_the_rows_scan(tmp_path: Path) -> None:
     """The scan the card saves (labels-scan.bin, which the next version's diff loads) is the same bytes."""
     rows = _rows(SCAN_BATCH + 10, seed=6)
     table = _SmallBlocks(Storage(), str(_write(tmp_path / "labels.csv", rows)))
-    scan = label_columns.scan_columns(table.columns, *_watchers())
+    scan = label_columns.scan_columns(table, *_watchers())[0]
     assert scan.dump("b" * 64) == LabelScan.of(iter(table()), None, hashes=True).dump("b" * 64)

@@ -30,6 +30,7 @@ from .label_columns import scan_columns
 from .near_duplicates import NearDuplicateView, near_duplicate_blocks
 from .quality import QualityScan, quality_blocks
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
+from .row_columns import ROWS_FILE, Changes, RowColumns
 from .stats import (
     EXAMPLES,
     PAIR_CLASSES,
@@ -67,6 +68,7 @@ class PreviousVersion:
     manifest: Manifest | dict[str, Any]
     labels: Callable[[], Iterable[dict[str, str]]]
     scan: LabelScan | None = None  # its labels.csv's scan, as its card saved it (None: scan labels again)
+    columns: RowColumns | None = None  # its labels.csv's columns, as its card saved them (row_columns)
 
 
 # -- the card ------------------------------------------------------------------------------------------
@@ -417,25 +419,33 @@ class LabelFacts:
     rejects: tuple[Counter[str], list[tuple[str, str, str]]]
     old: LabelScan | None = None  # the previous version's scan (None: no previous version)
     diff: Diff | None = None
+    columns: RowColumns | None = None  # the rows' columns, where read so (kept by the card for the next version)
+    parsed: int | None = None  # rows parsed from their text for the columns (None: not read as columns)
 
 
 def scan_labels(separator: str | None, classes: int, labels: Callable[[], Iterable[dict[str, str]]],
                 rejects: Callable[[], Iterable[dict[str, str]]], previous: PreviousVersion | None,
-                near_rows: Callable[[], Iterable[dict[str, str]]] | None = None) -> LabelFacts:
+                near_rows: Callable[[], Iterable[dict[str, str]]] | None = None,
+                changes: Changes | None = None) -> LabelFacts:
     """The card's pass over the rows (the costly part of a card: the command line runs it beside the writing of
-    the shards, before the manifest exists) for a version with ``classes`` classes and ``separator``."""
+    the shards, before the manifest exists) for a version with ``classes`` classes and ``separator``. ``changes``:
+    which rows a night kept of the previous version (``row_columns.Changes``), whose columns are then taken from
+    the ones the previous card saved instead of parsed again (read as columns only)."""
     old_manifest = as_manifest(previous.manifest) if previous is not None else None
     old_separator = separator_of(old_manifest) if old_manifest is not None else None
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
     few = classes <= PAIR_CLASSES
     near = NearDuplicateView.of(near_rows() if near_rows is not None else [])
-    columns = getattr(labels, "columns", None)  # a table that can be read as columns (single-label only)
-    scan = None
-    if columns is not None and not relabels:
+    as_columns = hasattr(labels, "columns") and hasattr(labels, "lines")  # a table that can be read as columns
+    scan = columns = None
+    parsed: int | None = None
+    if as_columns and not relabels:
         picker, quality = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES), QualityScan(SAMPLE_CLASSES)
         shown = copy.deepcopy(near)
         with contextlib.suppress(Quoted, ValueError):  # not as columns: the rows, with fresh watchers
-            scan, near = scan_columns(columns, picker, quality, shown), shown
+            scan, columns = scan_columns(labels, picker, quality, shown, changes)  # type: ignore[arg-type]
+            near = shown
+            parsed = columns.count if changes is None or changes.taken is None else columns.count - changes.taken
     if scan is None:
         picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
         quality = QualityScan(SAMPLE_CLASSES)
@@ -444,7 +454,7 @@ def scan_labels(separator: str | None, classes: int, labels: Callable[[], Iterab
     if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
         scan.count_pairs(labels(), separator, PAIR_CLASSES)
     facts = LabelFacts(separator, classes, old_manifest.version if old_manifest is not None else None, scan,
-                       picker, quality, near, scan_rejects(rejects()))
+                       picker, quality, near, scan_rejects(rejects()), columns=columns, parsed=parsed)
     if previous is not None and old_manifest is not None:
         old = previous.scan
         if old is None or (relabels and not old.hashed_labelsets):
@@ -490,5 +500,6 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     blocks: list[Block] = [Heading(title, 1), *card.blocks]
     return {"card.md": render_md(blocks).encode(), "card.html": render_html(blocks, title, card.pngs).encode(),
             **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256),
+            **({ROWS_FILE: facts.columns.dump(labels_sha256)} if facts.columns is not None else {}),
             STRIPS_FILE: json.dumps({"image": manifest.raw.get("image"), "strips": card.strip_keys},
                                     sort_keys=True, separators=(",", ":")).encode()}

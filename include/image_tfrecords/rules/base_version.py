@@ -339,10 +339,10 @@ def record_key(values: list[str], width: int) -> bytes:
     return _join_key(values[:width]).encode("utf-8", "surrogateescape")
 
 
-def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple[SpanMap, list[str]]:
-    """The records the base holds: the join key of each (its record fields' text, ``record_key``) -> its shard (a
-    number into the list returned with it) and place in it, packed in one int (``shard << 32 | place + 1``; place 0:
-    the base's labels.csv does not give it).
+def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple[SpanMap, list[str], Any]:
+    """The records the base holds: the join key of each (its record fields' text, ``record_key``) -> its row number in
+    the base's labels.csv; and for each of those rows, its shard (a number into the list returned with it) and place
+    in it, packed in one int (``shard << 32 | place + 1``; place 0: the base's labels.csv does not give it).
 
     A hash join on the keys (the record's file name and every field that decides its bytes), in a ``SpanMap``: the
     compiled one holds each key's bytes and 64 bytes (about 200 bytes a base record), its Python fallback a digest
@@ -356,17 +356,21 @@ def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple
         with blocks(storage, uri, ",".join((*fields, "shard", "shard_position"))) as parts:
             known = SpanMap()
             numbered: dict[bytes, int] = {}  # shard file -> its number
+            packed: list[Any] = []
             for part in parts:
                 names, shard_of = np.unique(part.column(width), return_inverse=True)
                 numbers = np.array([numbered.setdefault(name, len(numbered)) for name in names.tolist()],
                                    dtype=np.int64)
-                packed = numbers[shard_of.ravel()] << 32 | (part.integers(width + 1) + 1)
-                known.add(part.data, *part.row_slices(0, width - 1), packed)
-            return known, [name.decode("utf-8", "surrogateescape") for name in numbered]
+                first = sum(map(len, packed))
+                packed.append(numbers[shard_of.ravel()] << 32 | (part.integers(width + 1) + 1))
+                known.add(part.data, *part.row_slices(0, width - 1), np.arange(first, first + len(part)))
+            return known, [name.decode("utf-8", "surrogateescape") for name in numbered], \
+                np.concatenate(packed) if packed else np.zeros(0, dtype=np.int64)
     except (Quoted, ValueError):
         pass
     shards: dict[str, int] = {}
     known = SpanMap()
+    rows_packed = array("q")
     with list_rows(storage, uri) as rows:
         names = rows.fieldnames or []
         shard = names.index("shard") if "shard" in names else None
@@ -375,5 +379,6 @@ def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple
             name = values[shard] if shard is not None and shard < len(values) else ""
             number = shards.setdefault(name, len(shards))
             at = values[place] if place is not None and place < len(values) else ""
-            known.add_key(key.encode("utf-8", "surrogateescape"), number << 32 | (int(at) + 1 if at else 0))
-    return known, list(shards)
+            known.add_key(key.encode("utf-8", "surrogateescape"), len(rows_packed))
+            rows_packed.append(number << 32 | (int(at) + 1 if at else 0))
+    return known, list(shards), np.frombuffer(rows_packed, dtype=np.int64)

@@ -10,15 +10,16 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from ..card.row_columns import ROWS_FILE, Changes, LineReader, RowColumns, line_reader, read_card_rows
 from ..card.stats import names_in
 from ..config import BuildConfig
 from ..errors import DamagedFile
 from ..images.transform import record_image
 from ..progress import log, summarized
 from ..published import layout
-from ..published.manifest import Manifest
+from ..published.manifest import Manifest, as_manifest
 from ..source.reading import read_source
-from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
+from ..staging import CARD, CARD_INDEX, CARD_ROWS, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
 from ..storage.csv_blocks import Block, Quoted, first_fields, table_blocks
 from ..storage.documents import field_end, list_rows, raw_rows, read_json, write_json
@@ -32,10 +33,12 @@ class _Rows:
     lists: cheaper than DictReader's rows, and the card reads every row more than once); ``names()`` gives
     each row's file name alone (``{"filename": ...}``: the diff's examples need no more, and it is cut from
     each row's text without splitting the rest); ``columns()`` and ``names_at()`` read it as columns, for the card's
-    pass over every row (``card.label_columns``) and the diff's examples."""
+    pass over every row (``card.label_columns``) and the diff's examples; ``lines()`` reads rows by where their
+    lines are (while it is open, ``columns()`` reads the same local copy: an S3 table is downloaded once)."""
 
     def __init__(self, storage: Storage, uri: str) -> None:
         self._storage, self._uri = storage, uri
+        self._local: str | None = None  # the copy ``lines()`` holds open
 
     def __call__(self) -> Iterator[dict[str, str]]:
         with list_rows(self._storage, self._uri) as it:
@@ -56,7 +59,17 @@ class _Rows:
 
     def columns(self) -> AbstractContextManager[tuple[list[str], Iterator[Block]]]:
         """The table as columns (``csv_blocks.table_blocks``: its header's names and its blocks)."""
-        return table_blocks(self._storage, self._uri)
+        return table_blocks(self._storage, self._local or self._uri)
+
+    @contextlib.contextmanager
+    def lines(self) -> Iterator[LineReader]:
+        """The table's rows by where their lines are (``row_columns.LineReader``)."""
+        with line_reader(self._storage, self._uri) as reader:
+            self._local = reader.path
+            try:
+                yield reader
+            finally:
+                self._local = None
 
     def names_at(self, numbers: list[int]) -> Iterator[str]:
         """The file names of rows ``numbers`` (ascending), in that order: cut from their lines where the table has
@@ -79,9 +92,29 @@ def card_facts(cfg: BuildConfig, storage: Storage) -> LabelFacts:
 
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
     separator = cfg.label_separator if summary.get("multi_label") else None
-    return scan_labels(separator, len(summary["classes"]), _rows(storage, staged(cfg, LABELS)),
-                       _rows(storage, staged(cfg, REJECTS)), _previous(cfg, storage, summary["previous_version"]),
-                       _near_rows(cfg, storage))
+    previous = _previous(cfg, storage, summary["previous_version"])
+    facts = scan_labels(separator, len(summary["classes"]), _rows(storage, staged(cfg, LABELS)),
+                        _rows(storage, staged(cfg, REJECTS)), previous, _near_rows(cfg, storage),
+                        _changes(cfg, storage, previous))
+    if facts.parsed is not None:
+        log.info("card: %d of %d rows of labels.csv parsed (the others' columns kept from version %s)",
+                 facts.parsed, facts.columns.count if facts.columns is not None else 0, facts.previous_version)
+    return facts
+
+
+def _changes(cfg: BuildConfig, storage: Storage, previous: Any) -> Changes | None:
+    """The rows the plan kept of the previous version (``CARD_ROWS``) with that version's saved columns, where both
+    are there and of the same labels.csv; else None (every row parsed)."""
+    if previous is None or previous.columns is None:
+        return None
+    try:
+        kept = read_card_rows(storage.read_bytes(staged(cfg, CARD_ROWS)))
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    manifest = as_manifest(previous.manifest)
+    if kept is None or kept[0] != (manifest.version, manifest.labels_sha256):
+        return None
+    return Changes(previous.columns, kept[1], kept[2])
 
 
 def _near_rows(cfg: BuildConfig, storage: Storage) -> Callable[[], Iterator[dict[str, str]]] | None:
@@ -163,7 +196,9 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
         log.warning("the card has no changes since version %s: %s", version,
                     f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)
         return None
-    scan = None  # the scan its card saved, when it is of its labels.csv as it is now
+    scan = columns = None  # the scan and columns its card saved, when they are of its labels.csv as it is now
     with contextlib.suppress(FileNotFoundError):
         scan = LabelScan.load(storage.read_bytes(join(earlier, SCAN_FILE)), labels_sha)
-    return PreviousVersion(manifest, _rows(storage, labels), scan)
+    with contextlib.suppress(FileNotFoundError):
+        columns = RowColumns.load(storage.read_bytes(join(earlier, ROWS_FILE)), labels_sha)
+    return PreviousVersion(manifest, _rows(storage, labels), scan, columns)

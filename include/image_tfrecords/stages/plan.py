@@ -29,6 +29,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..card.row_columns import card_rows_bytes
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.transform import planned_bytes
@@ -45,7 +46,7 @@ from ..rules.base_version import (
     why_not_reuse_shards,
 )
 from ..rules.splits import unit_points
-from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
+from ..staging import CARD_ROWS, LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
 from ..storage.csv_blocks import Block, Quoted, Ragged, blocks
 from ..storage.documents import csv_field, csv_writer, list_rows, raw_rows, read_json, write_json
@@ -86,7 +87,10 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     splits = list(summary["splits"])
     fields = record_fields(cfg)
     known = base_records(storage, base, fields) if base is not None and not why_full else None
-    records, found = _records(cfg, storage, splits, fields, known[0] if known else None)
+    records, origins = _records(cfg, storage, splits, fields, known[0] if known else None)
+    found = origins.copy()  # each record's shard and place in the base (base_records), or -1
+    if known is not None and len(known[2]):
+        found[origins >= 0] = known[2][origins[origins >= 0]]
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
                      for sizes_of in (records[1][records[2] == i] for i in range(len(splits))))
     layout = None
@@ -99,7 +103,10 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
                 layout = None
         if layout is None:
             layout = _full(cfg, splits, records)
-        _write_members(cfg, storage, layout, records[0], tmp)
+        offsets = _write_members(cfg, storage, layout, records[0], tmp)
+    kept_base = (base.version, base.manifest.labels_sha256) if known is not None and base is not None and \
+        base.manifest.labels_sha256 else None  # the base whose labels.csv rows ``origins`` numbers, for the card
+    storage.write_bytes(staged(cfg, CARD_ROWS), card_rows_bytes(kept_base, origins, offsets))
     to_write = [f for f in layout.all_files if f not in layout.reuse]
     tasks = planning.group_tasks(to_write, max_tasks)
     files = layout.all_files
@@ -120,7 +127,8 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
 def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
              known: SpanMap | None) -> tuple[tuple[Any, Any, Any], Any]:
     """Each record's order key, size and split number (numpy arrays), and where the base holds it unchanged
-    (``known``: ``base_records``' join; -1 for none, and everywhere without a base). Read as columns
+    (``known``: ``base_records``' join: its row in the base's labels.csv; -1 for none, and everywhere without a
+    base). Read as columns
     (``csv_blocks``); a records.csv holding a quoted field, row by row."""
     import numpy as np
 
@@ -273,10 +281,11 @@ def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple
     return layout
 
 
-def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any, tmp: str) -> None:
+def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any, tmp: str) -> Any:
     """Stage labels.csv (each record's row, shard and place in it) and each shard's members
     (``members/{shard}.csv``: its rows in record order: by order key, then row number; a rewritten
-    shard's kept records in the base shard's order, then its appended ones).
+    shard's kept records in the base shard's order, then its appended ones). Returns where each row's line begins
+    in labels.csv (the table's length last).
 
     Each record's CSV text is taken from records.csv as it is and extended with its shard and place;
     labels.csv is written in row order, remembering where each row's line starts, and each shard's
@@ -316,6 +325,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
                 continue  # an empty split has no shards; a planned shard always has members
             storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
                                 head + gather(lines, offsets[rows], offsets[rows + 1]))
+    return offsets
 
 
 def _labels_from_blocks(cfg: BuildConfig, storage: Storage, layout: Layout, position: Any, suffixes: list[str],
