@@ -25,6 +25,7 @@ Whether a splice took one is in its result (``copied_ahead``), never in the vers
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 from collections import defaultdict
@@ -39,6 +40,7 @@ from ..staging import DISCOVERED, SHARDS, TMP_PREFIX, staged
 from ..storage import Storage, join, sha256_states
 from ..storage.base import MAPPED_CHUNK, mapped_chunks
 from ..storage.csv_blocks import Quoted, Ragged, blocks, table_blocks
+from ..storage.direct_writes import direct_writer
 from ..storage.documents import list_rows
 from ..storage.span_map import SpanMap
 from ..storage.writeback import start_writeback
@@ -170,7 +172,9 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
         if found is None:
             return None, 0, None
         index_data, kept, end_of_index = found
-        with open(base_path, "rb", buffering=0) as base, open(out_path, "xb", buffering=0) as out:
+        with open(base_path, "rb", buffering=0) as base, open(out_path, "xb", buffering=0) as out, \
+                direct_writer(out_path, out.fileno()) as direct:
+            write = direct.write if direct is not None else functools.partial(write_all, out.fileno())
             before = identity(os.fstat(base.fileno()))
             if before[2] != num_bytes or not num_bytes or end_of_index not in (None, num_bytes):
                 raise InterruptedError
@@ -187,7 +191,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
                     piece = chunk[at - read:end - read]
                     if inside:
                         sha256_states.update_pair(base_digest, piece, kept_digest, piece)
-                        write_all(out.fileno(), piece, written)
+                        write(piece, written)
                         written += end - at
                     else:
                         base_digest.update(piece)
@@ -195,6 +199,8 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
                     if at % every == 0:
                         states.append(base_digest.state())
                 read = stop
+            if direct is not None:
+                direct.close()
             if read != num_bytes or identity(os.fstat(base.fileno())) != before or \
                     written != sum(last - first for first, last in kept):
                 raise InterruptedError
@@ -231,6 +237,16 @@ class _ProvenCopy:
         self.digest, self.done = sha256_states.resumed(item["states"], prefix, sha256_states.STATE_EVERY) \
             if prefix else (sha256_states.Sha256(), 0)
         self.out = stack.enter_context(open(self.path, "xb", buffering=0))  # noqa: SIM115 - closed by the stack
+        self.direct = stack.enter_context(direct_writer(self.path, self.out.fileno()))  # (None: no O_DIRECT here)
+
+    def write(self, data: Any, at: int) -> None:
+        """``data`` at ``at`` in the copy (its bytes in order)."""
+        from .splice import write_all
+
+        if self.direct is not None:
+            self.direct.write(data, at)
+        else:
+            write_all(self.out.fileno(), data, at)
 
     def pieces(self) -> Any:
         """(bytes to write, where in the new file, the part of them still to hash), up to ``WRITE_PIECE`` at a time."""
@@ -247,18 +263,18 @@ class _ProvenCopy:
     def next_to_hash(self, pieces: Any) -> tuple[tuple[Any, int, Any] | None, int]:
         """The next of ``pieces`` (``pieces()``) with bytes to hash (None at their end), the pieces before it written
         on the way, and their bytes."""
-        from .splice import write_all
-
         moved = 0
         for data, at, rest in pieces:
             if len(rest):
                 return (data, at, rest), moved
-            write_all(self.out.fileno(), data, at)
+            self.write(data, at)
             moved += len(data)
         return None, moved
 
     def entry(self) -> dict[str, Any]:
         """What ``take_prepared`` checks, once every piece is written (InterruptedError: the base changed)."""
+        if self.direct is not None:
+            self.direct.close()
         if identity(os.fstat(self.base.fileno())) != self.proof or os.fstat(self.out.fileno()).st_size != self.total:
             raise InterruptedError
         return _copy_entry(self.runs, self.proof, self.out.fileno(), self.total, self.index_data, self.path,
@@ -278,7 +294,7 @@ def copy_proven(items: list[dict[str, Any]], stop_flag: str) -> list[dict[str, A
     ``states`` (the prover's saved states). Returns each copy's entry (``take_prepared``), or None, and no file, where
     the base or its index cannot be read, the base is not (or no longer) the file proved, or ``stop_flag`` appeared
     (asked every few MiB)."""
-    from .splice import DamagedBase, write_all
+    from .splice import DamagedBase
 
     entries: list[dict[str, Any] | None] = [None] * len(items)
     with contextlib.ExitStack() as stack:
@@ -309,7 +325,7 @@ def copy_proven(items: list[dict[str, Any]], stop_flag: str) -> list[dict[str, A
                 elif pieces:
                     pieces[0][0].digest.update(pieces[0][3])
                 for copy, data, at, _ in pieces:
-                    write_all(copy.out.fileno(), data, at)
+                    copy.write(data, at)
                     moved += len(data)
                 del pieces  # (no view of a map outlives its pass)
             for number, copy in copies.items():

@@ -44,12 +44,14 @@ shards (one compressed stream, no record boundaries) take the record-by-record p
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import mmap
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from typing import Any
@@ -61,6 +63,7 @@ from ..published import layout
 from ..records.tfrecord import TFRecordWriter, masked_crc
 from ..staging import CHECKED, MEMBERS, SHARDS, TMP_PREFIX, Progress, no_progress, staged, staged_schema
 from ..storage import Storage, is_s3, join, sha256_states
+from ..storage.direct_writes import direct_writer
 from ..storage.documents import write_json
 from ..storage.multipart import Reader, Segment
 from ..storage.writeback import copies_pages, start_writeback
@@ -266,6 +269,9 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             _check_framing(view, starts, lengths, _framed(runs, bool(origin.get("index_sha256"))))
             offsets: list[tuple[int, int]] = []
             out = prepared if prepared is not None else stack.enter_context(open(path, "w+b"))
+            # the kept bytes this process writes skip the page cache (storage.direct_writes), where O_DIRECT opens
+            direct = stack.enter_context(direct_writer(path, out.fileno())) if written_here else None
+            write = direct.write if direct is not None else functools.partial(write_all, out.fileno())
             written = base_at = 0  # (base_at: how far the base's digest has gone, on the paired path)
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
@@ -275,16 +281,16 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 elif paired:  # the base's bytes before the run (records dropped), then the run into both digests
                     base_digest.update(view[base_at:first])
                     if last <= prefix:  # the prefix: the same bytes in both, hashed once
-                        _write_hashed(view, out.fileno(), first, last, written, base_digest, 0)
+                        _write_hashed(view, write, first, last, written, base_digest, 0)
                         shared.append(base_digest.copy())
                     else:
-                        _write_hashed(view, out.fileno(), first, last, written, shared[0], 0, base_digest)
+                        _write_hashed(view, write, first, last, written, shared[0], 0, base_digest)
                     base_at = last
                 elif written_here:  # (the prefix while the thread hashes it; the rest once its state is taken)
                     in_prefix = not ahead and last <= prefix
                     if not ahead and not in_prefix:
                         after_prefix.wait()
-                    _write_hashed(view, out.fileno(), first, last, written,
+                    _write_hashed(view, write, first, last, written,
                                   shared[0] if shared and not in_prefix else None, done)
                 elif prepared is None:
                     _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
@@ -293,7 +299,9 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 written += last - first
             if paired:
                 base_digest.update(view[base_at:])
-            if not remote and prepared is None:  # the disk writes the kept bytes while this process hashes
+            if direct is not None:
+                direct.close()
+            elif not remote and prepared is None:  # the disk writes the kept bytes while this process hashes
                 start_writeback(out.fileno(), 0, written)
             if not ahead and not written_here:
                 after_prefix.wait()
@@ -348,10 +356,10 @@ def _drop_cached(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _write_hashed(view: memoryview, target: int, first: int, last: int, at: int, digest: Any, hashed: int,
-                  also: Any = None) -> None:
-    """Write ``view[first:last]`` at ``at`` in ``target``, a piece at a time, each piece's bytes from ``hashed`` on
-    also into ``digest`` (None: nothing to hash) while they are in the CPU's cache; with ``also`` (a base's digest,
+def _write_hashed(view: memoryview, write: Callable[[Any, int], None], first: int, last: int, at: int, digest: Any,
+                  hashed: int, also: Any = None) -> None:
+    """Write ``view[first:last]`` at ``at`` (``write(data, at)``), a piece at a time, each piece's bytes from ``hashed``
+    on also into ``digest`` (None: nothing to hash) while they are in the CPU's cache; with ``also`` (a base's digest,
     ``sha256_states``), every piece goes into both, as two streams in one pass (``update_pair``)."""
     while first < last:
         end = min(last, first + WRITE_PIECE)
@@ -359,7 +367,7 @@ def _write_hashed(view: memoryview, target: int, first: int, last: int, at: int,
             sha256_states.update_pair(also, view[first:end], digest, view[first:end])
         elif digest is not None and end > hashed:
             digest.update(view[max(first, hashed):end])
-        write_all(target, view[first:end], at)  # (hashed once, however many writes the piece takes)
+        write(view[first:end], at)  # (hashed once, however many writes the piece takes)
         first, at = end, at + end - first
 
 

@@ -1,0 +1,90 @@
+"""storage.direct_writes: bytes written through O_DIRECT buffers are the bytes given, whatever their pieces, and a
+system or file system that refuses O_DIRECT gets them through the ordinary descriptor."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from image_tfrecords.storage import direct_writes
+from image_tfrecords.storage.direct_writes import ALIGN, BUFFER, DirectWriter, direct_writer
+
+
+def _pieces(seed: int, total: int) -> list[bytes]:
+    rng = random.Random(seed)
+    data = rng.randbytes(total)
+    cuts = sorted(rng.sample(range(1, total), 40))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+
+
+@pytest.mark.parametrize("total", [3 * BUFFER + 12_345, 2 * BUFFER, ALIGN - 1, 5 * ALIGN])
+def test_the_file_holds_the_bytes_given_in_order(tmp_path: Path, total: int) -> None:
+    pieces = _pieces(total, total)
+    path = tmp_path / "out.bin"
+    with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
+        if writer is None:
+            pytest.skip("this file system refuses O_DIRECT")
+        at = 0
+        for piece in pieces:
+            writer.write(memoryview(piece), at)
+            at += len(piece)
+        assert writer.close() == total
+        out.seek(total)
+        out.write(b"tail")  # (a splice appends its new records through the ordinary descriptor)
+    assert path.read_bytes() == b"".join(pieces) + b"tail"
+
+
+def test_writes_out_of_order_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "out.bin"
+    with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
+        if writer is None:
+            pytest.skip("this file system refuses O_DIRECT")
+        writer.write(b"abc", 0)
+        with pytest.raises(ValueError, match="sequential"):
+            writer.write(b"def", 4)
+
+
+def test_no_o_direct_means_the_ordinary_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused at open (no writer: the caller writes itself) or at a write (the rest through the descriptor)."""
+    path = tmp_path / "out.bin"
+    real_open = os.open
+
+    def refusing_open(name: str, flags: int, *args: int) -> int:
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(22, "Invalid argument")
+        return real_open(name, flags, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(direct_writes.os, "open", refusing_open)
+        with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
+            assert writer is None
+
+    from image_tfrecords.shards.splice import write_all
+
+    pieces = _pieces(7, 2 * BUFFER + 99)
+    calls = []
+
+    def refusing_write(fd: int, data: object, at: int) -> None:
+        if fd == writer_fd[0]:
+            calls.append(at)
+            raise OSError(22, "Invalid argument")
+        write_all(fd, data, at)
+
+    writer_fd: list[int] = []
+    monkeypatch.setattr("image_tfrecords.shards.splice.write_all", refusing_write)
+    with open(path, "w+b") as out:
+        try:
+            writer = DirectWriter(str(path), out.fileno())
+        except OSError:
+            pytest.skip("this file system refuses O_DIRECT")
+        writer_fd.append(writer._direct)
+        at = 0
+        for piece in pieces:
+            writer.write(piece, at)
+            at += len(piece)
+        writer.close()
+    assert calls == [0]  # refused once, then every byte through the ordinary descriptor
+    assert path.read_bytes() == b"".join(pieces)
