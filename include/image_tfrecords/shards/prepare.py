@@ -8,7 +8,8 @@ source file is listed again unchanged (name, size and stamp as the base's ``insp
 the prover (``shards.proofs``) then takes each base shard that loses records through ``prove_and_copy``: one pass
 over its bytes hashes the base (its proof), writes the predicted runs into a file beside the staged shards
 (``prepared_dir``) and hashes them as they are written (two SHA-256 streams at once, ``sha256_states.update_pair``),
-and starts the disk on them; the state of that second digest goes with the copy. A base shard the prover proved before
+writing them with ``O_DIRECT`` as the splices do (``storage.direct_writes``); the state of that second digest goes
+with the copy. A base shard the prover proved before
 the prediction came (a prover started with discovery, on a large base) is copied by ``copy_proven``, two shards a
 pass: their new digests are the two streams, each from the prover's last saved state before the shard's first
 dropped record (measured on the 100,000-image night: 15 -> 30 of 48 bases copied ahead, write stage 2.62 -> 1.84 s,

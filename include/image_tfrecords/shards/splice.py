@@ -22,9 +22,10 @@ shard: the new shard is those ranges, then the new records. Kept records are nev
 * the bytes are copied by the kernel (``os.copy_file_range``: a reflink where the file system can, a copy on
   the server on NFS) while a thread hashes them; where the kernel would copy them page by page (ext4, tmpfs:
   ``storage.writeback.copies_pages``) they are written from the pass that hashes them, a piece at a time while
-  it is in the CPU's cache, instead of being read twice. The base's pages are then dropped from the page
-  cache (``POSIX_FADV_DONTNEED``): the version being built supersedes it, and the kernel finds free pages for
-  the next shard's copy instead of reclaiming them;
+  it is in the CPU's cache, instead of being read twice, and with ``O_DIRECT`` (``storage.direct_writes``: no
+  page of the page cache taken, filled and written back for each; the ordinary descriptor where it is refused).
+  The base's pages are then dropped from the page cache (``POSIX_FADV_DONTNEED``): the version being built
+  supersedes it, and the kernel need not reclaim them;
 * the new records are made from the source and checked in full as any written record (parsed,
   image SHA-256, plan row), and the ``.tfindex`` follows by arithmetic on the base's.
 

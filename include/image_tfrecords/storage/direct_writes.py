@@ -12,7 +12,10 @@ alignment the device does not take) it writes through the ordinary descriptor in
 
 The bytes are on the device when ``close`` returns, not yet durable (the device's cache, the file's size and
 extents): the ``fsync`` or ``syncfs`` that ends a durable write covers them as it covers buffered writes. The new
-shards are not left in the page cache: the next night reads its base from disk (the prover maps it).
+shards are not left in the page cache: the next night reads its base from disk (the prover maps it). Reading it with
+``O_DIRECT`` too was tried: on this VM one stream of 4 MiB direct reads came to 0.8-0.9 GB/s against 0.7-1.4 GB/s
+for the kernel's read-ahead, and the additions-only 100,000-image night on a base not cached, which it was meant
+for, took 6.07 and 6.75 s against 4.85 and 5.16 s mapped (runs a quarter of an hour apart, not taken in turns).
 """
 
 from __future__ import annotations
