@@ -357,13 +357,14 @@ def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple
             known = SpanMap()
             numbered: dict[bytes, int] = {}  # shard file -> its number
             packed: list[Any] = []
+            first = 0  # the block's first row number
             for part in parts:
                 names, shard_of = np.unique(part.column(width), return_inverse=True)
                 numbers = np.array([numbered.setdefault(name, len(numbered)) for name in names.tolist()],
                                    dtype=np.int64)
-                first = sum(map(len, packed))
                 packed.append(numbers[shard_of.ravel()] << 32 | (part.integers(width + 1) + 1))
                 known.add(part.data, *part.row_slices(0, width - 1), np.arange(first, first + len(part)))
+                first += len(part)
             return known, [name.decode("utf-8", "surrogateescape") for name in numbered], \
                 np.concatenate(packed) if packed else np.zeros(0, dtype=np.int64)
     except (Quoted, ValueError):
