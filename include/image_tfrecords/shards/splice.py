@@ -348,11 +348,11 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
 def _drop_cached(fd: int) -> None:
     """Drop the open file ``fd``'s pages from the page cache (where the system can): a base shard once spliced.
 
-    Its bytes are now the new shard's, which the kernel copies into pages of their own; nothing in this build
-    reads the base again. Left cached, the base's pages are what the kernel must reclaim, page by page, to
-    find room for the copies (measured on a 100,000-image night with the page cache full: the write stage took
-    11.4 s copying so, 6.2 s with each base dropped once spliced), and the version being built, which the next
-    night reads, is what should stay cached. Only a cost: a reader of the previous version reads from disk."""
+    Its bytes are now the new shard's; nothing in this build reads the base again. Left cached, the base's pages
+    are what the kernel must reclaim, page by page, to find room for other pages (measured on a 100,000-image night
+    with the page cache full, when the copies still went through the page cache: the write stage took 11.4 s
+    copying so, 6.2 s with each base dropped once spliced). Only a cost: a reader of the previous version reads
+    from disk."""
     with contextlib.suppress(AttributeError, OSError):  # no posix_fadvise (not Linux), or a file system without it
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
