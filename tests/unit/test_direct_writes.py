@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from image_tfrecords.storage import direct_writes
-from image_tfrecords.storage.direct_writes import ALIGN, BUFFER, DirectWriter, direct_writer
+from image_tfrecords.storage.direct_writes import ALIGN, BUFFER, DirectWriter, OrdinaryWriter, direct_writer
 
 
 def _pieces(seed: int, total: int) -> list[bytes]:
@@ -25,7 +25,7 @@ def test_the_file_holds_the_bytes_given_in_order(tmp_path: Path, total: int) -> 
     pieces = _pieces(total, total)
     path = tmp_path / "out.bin"
     with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
-        if writer is None:
+        if not isinstance(writer, DirectWriter):
             pytest.skip("this file system refuses O_DIRECT")
         at = 0
         for piece in pieces:
@@ -40,7 +40,7 @@ def test_the_file_holds_the_bytes_given_in_order(tmp_path: Path, total: int) -> 
 def test_writes_out_of_order_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "out.bin"
     with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
-        if writer is None:
+        if not isinstance(writer, DirectWriter):
             pytest.skip("this file system refuses O_DIRECT")
         writer.write(b"abc", 0)
         with pytest.raises(ValueError, match="sequential"):
@@ -59,8 +59,12 @@ def test_no_o_direct_means_the_ordinary_descriptor(tmp_path: Path, monkeypatch: 
 
     with monkeypatch.context() as patch:
         patch.setattr(direct_writes.os, "open", refusing_open)
-        with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
-            assert writer is None
+        with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as ordinary:
+            assert isinstance(ordinary, OrdinaryWriter)
+            ordinary.write(b"abc", 0)
+            ordinary.write(b"def", 3)
+            assert ordinary.close() == 6
+        assert path.read_bytes() == b"abcdef"
 
     from image_tfrecords.shards.splice import write_all
 

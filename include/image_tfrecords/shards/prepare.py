@@ -26,7 +26,6 @@ Whether a splice took one is in its result (``copied_ahead``), never in the vers
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 from collections import defaultdict
@@ -165,7 +164,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
     the file is not ``num_bytes`` long), the bytes read and what ``take_prepared`` checks (None, and no file, when
     the base or its index cannot be read as they are, the base changed while it was read, or ``stop_flag``
     appeared: asked between chunks)."""
-    from .splice import DamagedBase, write_all
+    from .splice import DamagedBase
 
     read, every = 0, sha256_states.STATE_EVERY
     try:
@@ -174,8 +173,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
             return None, 0, None
         index_data, kept, end_of_index = found
         with open(base_path, "rb", buffering=0) as base, open(out_path, "xb", buffering=0) as out, \
-                direct_writer(out_path, out.fileno()) as direct:
-            write = direct.write if direct is not None else functools.partial(write_all, out.fileno())
+                direct_writer(out_path, out.fileno()) as writer:
             before = identity(os.fstat(base.fileno()))
             if before[2] != num_bytes or not num_bytes or end_of_index not in (None, num_bytes):
                 raise InterruptedError
@@ -192,7 +190,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
                     piece = chunk[at - read:end - read]
                     if inside:
                         sha256_states.update_pair(base_digest, piece, kept_digest, piece)
-                        write(piece, written)
+                        writer.write(piece, written)
                         written += end - at
                     else:
                         base_digest.update(piece)
@@ -200,8 +198,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
                     if at % every == 0:
                         states.append(base_digest.state())
                 read = stop
-            if direct is not None:
-                direct.close()
+            writer.close()
             if read != num_bytes or identity(os.fstat(base.fileno())) != before or \
                     written != sum(last - first for first, last in kept):
                 raise InterruptedError
@@ -238,16 +235,7 @@ class _ProvenCopy:
         self.digest, self.done = sha256_states.resumed(item["states"], prefix, sha256_states.STATE_EVERY) \
             if prefix else (sha256_states.Sha256(), 0)
         self.out = stack.enter_context(open(self.path, "xb", buffering=0))  # noqa: SIM115 - closed by the stack
-        self.direct = stack.enter_context(direct_writer(self.path, self.out.fileno()))  # (None: no O_DIRECT here)
-
-    def write(self, data: Any, at: int) -> None:
-        """``data`` at ``at`` in the copy (its bytes in order)."""
-        from .splice import write_all
-
-        if self.direct is not None:
-            self.direct.write(data, at)
-        else:
-            write_all(self.out.fileno(), data, at)
+        self.writer = stack.enter_context(direct_writer(self.path, self.out.fileno()))
 
     def pieces(self) -> Any:
         """(bytes to write, where in the new file, the part of them still to hash), up to ``WRITE_PIECE`` at a time."""
@@ -268,14 +256,13 @@ class _ProvenCopy:
         for data, at, rest in pieces:
             if len(rest):
                 return (data, at, rest), moved
-            self.write(data, at)
+            self.writer.write(data, at)
             moved += len(data)
         return None, moved
 
     def entry(self) -> dict[str, Any]:
         """What ``take_prepared`` checks, once every piece is written (InterruptedError: the base changed)."""
-        if self.direct is not None:
-            self.direct.close()
+        self.writer.close()
         if identity(os.fstat(self.base.fileno())) != self.proof or os.fstat(self.out.fileno()).st_size != self.total:
             raise InterruptedError
         return _copy_entry(self.runs, self.proof, self.out.fileno(), self.total, self.index_data, self.path,
@@ -326,7 +313,7 @@ def copy_proven(items: list[dict[str, Any]], stop_flag: str) -> list[dict[str, A
                 elif pieces:
                     pieces[0][0].digest.update(pieces[0][3])
                 for copy, data, at, _ in pieces:
-                    copy.write(data, at)
+                    copy.writer.write(data, at)
                     moved += len(data)
                 del pieces  # (no view of a map outlives its pass)
             for number, copy in copies.items():

@@ -45,7 +45,6 @@ shards (one compressed stream, no record boundaries) take the record-by-record p
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import itertools
 import mmap
@@ -271,8 +270,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             offsets: list[tuple[int, int]] = []
             out = prepared if prepared is not None else stack.enter_context(open(path, "w+b"))
             # the kept bytes this process writes skip the page cache (storage.direct_writes), where O_DIRECT opens
-            direct = stack.enter_context(direct_writer(path, out.fileno())) if written_here else None
-            write = direct.write if direct is not None else functools.partial(write_all, out.fileno())
+            writer = stack.enter_context(direct_writer(path, out.fileno())) if written_here else None
             written = base_at = 0  # (base_at: how far the base's digest has gone, on the paired path)
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
@@ -282,16 +280,17 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 elif paired:  # the base's bytes before the run (records dropped), then the run into both digests
                     base_digest.update(view[base_at:first])
                     if last <= prefix:  # the prefix: the same bytes in both, hashed once
-                        _write_hashed(view, write, first, last, written, base_digest, 0)
+                        _write_hashed(view, writer.write, first, last, written, base_digest, 0)
                         shared.append(base_digest.copy())
                     else:
-                        _write_hashed(view, write, first, last, written, shared[0], 0, base_digest)
+                        _write_hashed(view, writer.write, first, last, written, shared[0], 0,
+                                      base_digest)
                     base_at = last
                 elif written_here:  # (the prefix while the thread hashes it; the rest once its state is taken)
                     in_prefix = not ahead and last <= prefix
                     if not ahead and not in_prefix:
                         after_prefix.wait()
-                    _write_hashed(view, write, first, last, written,
+                    _write_hashed(view, writer.write, first, last, written,
                                   shared[0] if shared and not in_prefix else None, done)
                 elif prepared is None:
                     _copy_range(base.fileno(), out.fileno(), first, last - first, written, view)
@@ -300,9 +299,9 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
                 written += last - first
             if paired:
                 base_digest.update(view[base_at:])
-            if direct is not None:
-                direct.close()
-            elif not remote and prepared is None:  # the disk writes the kept bytes while this process hashes
+            if writer is not None:
+                writer.close()
+            if not remote and prepared is None:  # the disk writes what is left dirty while this process hashes
                 start_writeback(out.fileno(), 0, written)
             if not ahead and not written_here:
                 after_prefix.wait()

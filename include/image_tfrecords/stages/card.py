@@ -92,7 +92,7 @@ def card_facts(cfg: BuildConfig, storage: Storage) -> LabelFacts:
 
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
     separator = cfg.label_separator if summary.get("multi_label") else None
-    previous = _previous(cfg, storage, summary["previous_version"])
+    previous = _previous(cfg, storage, summary["previous_version"], columns=True)
     facts = scan_labels(separator, len(summary["classes"]), _rows(storage, staged(cfg, LABELS)),
                         _rows(storage, staged(cfg, REJECTS)), previous, _near_rows(cfg, storage),
                         _changes(cfg, storage, previous))
@@ -124,10 +124,11 @@ def _near_rows(cfg: BuildConfig, storage: Storage) -> Callable[[], Iterator[dict
 @summarized
 def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = None) -> dict[str, Any]:
     """Render the card into staging (``card-files/``, listed in ``card-files.json``); ``facts``: ``card_facts``,
-    when made already."""
+    when made already (else made here: the DAG's card task, whose night parses only its new rows too)."""
     from ..card.sections import build_card
 
     manifest = Manifest.parse(read_json(storage, staged(cfg, MANIFEST)), staged(cfg, MANIFEST))
+    facts = facts if facts is not None else card_facts(cfg, storage)
     previous = _previous(cfg, storage, manifest.previous_version)
 
     def fetch_image(row: dict[str, str]) -> bytes | None:
@@ -175,9 +176,10 @@ def _previous_strips(cfg: BuildConfig, storage: Storage,
     return previous_strip
 
 
-def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
+def _previous(cfg: BuildConfig, storage: Storage, version: str | None, columns: bool = False) -> Any:
     """The previous version for the card's diff; None (a card without one, said in the log) when there is
-    none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build."""
+    none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build. ``columns``: with
+    the labels.csv columns its card saved (``card/label-rows.bin``), which only the pass over the rows takes."""
     from ..card.sections import PreviousVersion
     from ..card.stats import SCAN_FILE, LabelScan
 
@@ -196,9 +198,10 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
         log.warning("the card has no changes since version %s: %s", version,
                     f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)
         return None
-    scan = columns = None  # the scan and columns its card saved, when they are of its labels.csv as it is now
+    scan = saved = None  # the scan and columns its card saved, when they are of its labels.csv as it is now
     with contextlib.suppress(FileNotFoundError):
         scan = LabelScan.load(storage.read_bytes(join(earlier, SCAN_FILE)), labels_sha)
-    with contextlib.suppress(FileNotFoundError):
-        columns = RowColumns.load(storage.read_bytes(join(earlier, ROWS_FILE)), labels_sha)
-    return PreviousVersion(manifest, _rows(storage, labels), scan, columns)
+    if columns:  # (only the card's pass over the rows takes them)
+        with contextlib.suppress(FileNotFoundError):
+            saved = RowColumns.load(storage.read_bytes(join(earlier, ROWS_FILE)), labels_sha)
+    return PreviousVersion(manifest, _rows(storage, labels), scan, saved)

@@ -134,14 +134,30 @@ class DirectWriter:
             self._buffer.close()
 
 
+class OrdinaryWriter:
+    """``DirectWriter``'s calls on the ordinary descriptor ``fd`` alone: where ``O_DIRECT`` cannot be opened."""
+
+    def __init__(self, fd: int, at: int = 0) -> None:
+        self._fd, self._at = fd, at
+
+    def write(self, data: Any, at: int) -> None:
+        from ..shards.splice import write_all
+
+        write_all(self._fd, data, at)
+        self._at = at + len(memoryview(data))
+
+    def close(self) -> int:
+        return self._at
+
+
 @contextlib.contextmanager
-def direct_writer(path: str, fd: int, at: int = 0) -> Iterator[DirectWriter | None]:
+def direct_writer(path: str, fd: int, at: int = 0) -> Iterator[DirectWriter | OrdinaryWriter]:
     """A ``DirectWriter`` of the file at ``path`` (open as ``fd``), shut when the block ends (call ``close`` to
-    finish its writes first); None where ``O_DIRECT`` cannot be opened (write through ``fd`` then)."""
+    finish its writes first); an ``OrdinaryWriter`` of ``fd`` where ``O_DIRECT`` cannot be opened."""
     try:
         writer = DirectWriter(path, fd, at)
     except OSError:
-        yield None
+        yield OrdinaryWriter(fd, at)
         return
     try:
         yield writer
