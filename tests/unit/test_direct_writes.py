@@ -1,5 +1,6 @@
-"""storage.direct_writes: bytes written through O_DIRECT buffers are the bytes given, whatever their pieces, and a
-system or file system that refuses O_DIRECT gets them through the ordinary descriptor."""
+"""storage.direct_writes: bytes written through O_DIRECT buffers are the bytes given, whatever their pieces, a
+system or file system that refuses O_DIRECT gets them through the ordinary descriptor, and the page cache is taken
+where cores and free memory are to spare (or IMAGE_TFRECORDS_DIRECT_WRITES says so)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _pieces(seed: int, total: int) -> list[bytes]:
 def test_the_file_holds_the_bytes_given_in_order(tmp_path: Path, total: int) -> None:
     pieces = _pieces(total, total)
     path = tmp_path / "out.bin"
-    with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
+    with open(path, "w+b") as out, direct_writer(str(path), out.fileno(), direct=True) as writer:
         if not isinstance(writer, DirectWriter):
             pytest.skip("this file system refuses O_DIRECT")
         at = 0
@@ -39,7 +40,7 @@ def test_the_file_holds_the_bytes_given_in_order(tmp_path: Path, total: int) -> 
 
 def test_writes_out_of_order_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "out.bin"
-    with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as writer:
+    with open(path, "w+b") as out, direct_writer(str(path), out.fileno(), direct=True) as writer:
         if not isinstance(writer, DirectWriter):
             pytest.skip("this file system refuses O_DIRECT")
         writer.write(b"abc", 0)
@@ -59,7 +60,7 @@ def test_no_o_direct_means_the_ordinary_descriptor(tmp_path: Path, monkeypatch: 
 
     with monkeypatch.context() as patch:
         patch.setattr(direct_writes.os, "open", refusing_open)
-        with open(path, "w+b") as out, direct_writer(str(path), out.fileno()) as ordinary:
+        with open(path, "w+b") as out, direct_writer(str(path), out.fileno(), direct=True) as ordinary:
             assert isinstance(ordinary, OrdinaryWriter)
             ordinary.write(b"abc", 0)
             ordinary.write(b"def", 3)
@@ -92,3 +93,68 @@ def test_no_o_direct_means_the_ordinary_descriptor(tmp_path: Path, monkeypatch: 
         writer.close()
     assert calls == [0]  # refused once, then every byte through the ordinary descriptor
     assert path.read_bytes() == b"".join(pieces)
+
+
+def _machine(monkeypatch: pytest.MonkeyPatch, cores: int, free: int, total: int) -> None:
+    monkeypatch.delenv(direct_writes.DIRECT_WRITES_ENV, raising=False)
+    monkeypatch.setattr(direct_writes.os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    monkeypatch.setattr(direct_writes, "_memory", lambda: (free, total))
+
+
+@pytest.mark.parametrize(("cores", "free", "size", "buffered"), [
+    (16, 100 << 30, 1 << 30, True),  # cores and memory to spare: the disk catches up later
+    (2, 100 << 30, 1 << 30, False),  # few cores: the CPU buffered writes take is what a night lacks
+    (16, 3 << 30, (1 << 30) + 1, False),  # the free memory would not hold them beside an eighth of the machine's 16 GiB
+    (16, 3 << 30, 1 << 20, True),
+])
+def test_buffered_writes_where_cores_and_memory_are_to_spare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            cores: int, free: int, size: int, buffered: bool) -> None:
+    _machine(monkeypatch, cores, free, 16 << 30)
+    assert direct_writes.page_cache_pays(size) is buffered
+    path = tmp_path / "out.bin"
+    with open(path, "w+b") as out, direct_writer(str(path), out.fileno(), size=size) as writer:
+        if not buffered and not isinstance(writer, DirectWriter):
+            pytest.skip("this file system refuses O_DIRECT")
+        assert isinstance(writer, OrdinaryWriter) is buffered
+
+
+def test_the_variable_decides_where_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    _machine(monkeypatch, 2, 1 << 30, 16 << 30)
+    assert not direct_writes.page_cache_pays(1)
+    monkeypatch.setenv(direct_writes.DIRECT_WRITES_ENV, "never")
+    assert direct_writes.page_cache_pays(1 << 40)
+    _machine(monkeypatch, 64, 1 << 40, 1 << 40)
+    assert direct_writes.page_cache_pays(1)
+    monkeypatch.setenv(direct_writes.DIRECT_WRITES_ENV, " Always ")
+    assert not direct_writes.page_cache_pays(1)
+    monkeypatch.setenv(direct_writes.DIRECT_WRITES_ENV, "auto")
+    assert direct_writes.page_cache_pays(1)
+
+
+def test_no_memory_figures_means_direct_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    _machine(monkeypatch, 16, 0, 0)
+    monkeypatch.setattr(direct_writes, "_memory", lambda: None)
+    assert not direct_writes.page_cache_pays(1)
+
+
+def test_this_machines_memory_is_read() -> None:
+    memory = direct_writes._memory()
+    if memory is None:
+        pytest.skip("no /proc/meminfo here")
+    free, total = memory
+    assert 0 < free <= total
+
+
+def test_buffered_writes_start_the_disk_on_their_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(direct_writes, "start_writeback", lambda fd, at, count: asked.append((at, count)) or True)
+    path = tmp_path / "out.bin"
+    with open(path, "w+b") as out:
+        out.write(b"head")
+        writer = OrdinaryWriter(out.fileno(), 4)
+        writer.write(b"abc", 4)
+        writer.write(b"defg", 7)
+        assert writer.close() == 11
+        assert OrdinaryWriter(out.fileno(), 11).close() == 11  # nothing written: nothing asked
+    assert asked == [(4, 7)]
+    assert path.read_bytes() == b"headabcdefg"

@@ -43,7 +43,6 @@ from ..storage.csv_blocks import Quoted, Ragged, blocks, table_blocks
 from ..storage.direct_writes import direct_writer
 from ..storage.documents import list_rows
 from ..storage.span_map import SpanMap
-from ..storage.writeback import start_writeback
 from .proofs import Held, identity
 
 PREPARED = TMP_PREFIX + "prepared"  # the folder of the prepared copies, beside the staged shards
@@ -146,10 +145,10 @@ def _kept_ranges(base_path: str, num_records: int, runs: list[list[int]]
 
 def _copy_entry(runs: list[list[int]], base_identity: list[int], out: int, written: int, index_data: bytes,
                 path: str, digest: Any) -> dict[str, Any]:
-    """What ``take_prepared`` checks of a copy of ``written`` bytes in the open file ``out`` at ``path`` (the disk
-    started on them), made of ``runs`` of the base file ``base_identity`` through ``index_data``; ``digest``: their
-    SHA-256 so far (``sha256_states.Sha256``), whose state a splice goes on from."""
-    start_writeback(out, 0, written)
+    """What ``take_prepared`` checks of a copy of ``written`` bytes in the open file ``out`` at ``path`` (written
+    directly, or the disk started on them: ``direct_writes``), made of ``runs`` of the base file ``base_identity``
+    through ``index_data``; ``digest``: their SHA-256 so far (``sha256_states.Sha256``), whose state a splice goes on
+    from."""
     return {"runs": runs, "base_identity": base_identity, "identity": identity(os.fstat(out)), "bytes": written,
             "index_sha256": hashlib.sha256(index_data).hexdigest(), "path": path, "kept_state": digest.state().hex()}
 
@@ -173,7 +172,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
             return None, 0, None
         index_data, kept, end_of_index = found
         with open(base_path, "rb", buffering=0) as base, open(out_path, "xb", buffering=0) as out, \
-                direct_writer(out_path, out.fileno()) as writer:
+                direct_writer(out_path, out.fileno(), size=sum(last - first for first, last in kept)) as writer:
             before = identity(os.fstat(base.fileno()))
             if before[2] != num_bytes or not num_bytes or end_of_index not in (None, num_bytes):
                 raise InterruptedError
@@ -235,7 +234,7 @@ class _ProvenCopy:
         self.digest, self.done = sha256_states.resumed(item["states"], prefix, sha256_states.STATE_EVERY) \
             if prefix else (sha256_states.Sha256(), 0)
         self.out = stack.enter_context(open(self.path, "xb", buffering=0))  # noqa: SIM115 - closed by the stack
-        self.writer = stack.enter_context(direct_writer(self.path, self.out.fileno()))
+        self.writer = stack.enter_context(direct_writer(self.path, self.out.fileno(), size=self.total))
 
     def pieces(self) -> Any:
         """(bytes to write, where in the new file, the part of them still to hash), up to ``WRITE_PIECE`` at a time."""

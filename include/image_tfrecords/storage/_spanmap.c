@@ -17,6 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef Py_LIMITED_API /* the stable ABI (a .abi3.so) has the checked calls, not the macros; the same borrowed references */
+#define PyList_GET_SIZE(o) PyList_Size(o)
+#define PyList_GET_ITEM(o, i) PyList_GetItem(o, i)
+#define PyTuple_GET_SIZE(o) PyTuple_Size(o)
+#define PyTuple_GET_ITEM(o, i) PyTuple_GetItem(o, i)
+#define PyBytes_GET_SIZE(o) PyBytes_Size(o)
+#define PyBytes_AS_STRING(o) PyBytes_AsString(o)
+#endif
+
 typedef struct {
     uint64_t hash;
     uint64_t offset; /* of the key's bytes in the arena */
