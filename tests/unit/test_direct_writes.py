@@ -97,7 +97,7 @@ def test_no_o_direct_means_the_ordinary_descriptor(tmp_path: Path, monkeypatch: 
 
 def _machine(monkeypatch: pytest.MonkeyPatch, cores: int, free: int, total: int) -> None:
     monkeypatch.delenv(direct_writes.DIRECT_WRITES_ENV, raising=False)
-    monkeypatch.setattr(direct_writes.os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    monkeypatch.setattr(direct_writes, "_cores", lambda: float(cores))
     monkeypatch.setattr(direct_writes, "_memory", lambda: (free, total))
 
 
@@ -158,3 +158,27 @@ def test_buffered_writes_start_the_disk_on_their_bytes(tmp_path: Path, monkeypat
         assert OrdinaryWriter(out.fileno(), 11).close() == 11  # nothing written: nothing asked
     assert asked == [(4, 7)]
     assert path.read_bytes() == b"headabcdefg"
+
+
+def test_a_cgroup_quota_counts_as_fewer_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = open
+    limits = {"cpu.max": "200000 100000\n"}
+
+    def fake_open(name: str, *args: object, **kwargs: object) -> object:
+        if str(name) == "/sys/fs/cgroup/cpu.max":
+            if limits["cpu.max"] is None:
+                raise FileNotFoundError(name)
+            import io
+
+            return io.StringIO(limits["cpu.max"])
+        return real_open(name, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(direct_writes.os, "sched_getaffinity", lambda _pid: set(range(16)), raising=False)
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert direct_writes._cores() == 2.0
+    limits["cpu.max"] = "max 100000\n"
+    assert direct_writes._cores() == 16.0
+    limits["cpu.max"] = None
+    assert direct_writes._cores() == 16.0
+    limits["cpu.max"] = "garbage"
+    assert direct_writes._cores() == 16.0

@@ -176,16 +176,29 @@ def _memory() -> tuple[int, int] | None:
         return None
 
 
+def _cores() -> float:
+    """The cores this process may use: those it may run on, fewer where its cgroup's quota allows less
+    (``/sys/fs/cgroup/cpu.max``, as a container's CPU limit sets it)."""
+    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, int(quota) / max(1, int(period)))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
 def page_cache_pays(size: int) -> bool:
     """Whether ``size`` more bytes are better written through the page cache than with ``O_DIRECT`` here (see the
     module): ``IMAGE_TFRECORDS_DIRECT_WRITES`` where it says ``always`` or ``never``; else (``auto``) where this process
-    may run on ``SPARE_CORES`` cores or more and the memory free holds ``size`` bytes beside an eighth of the
+    may use ``SPARE_CORES`` cores or more (``_cores``) and the memory free holds ``size`` bytes beside an eighth of the
     machine's, so that the kernel need not take pages back from other files to hold them."""
     choice = os.environ.get(DIRECT_WRITES_ENV, "auto").strip().lower()
     if choice in ("always", "never"):
         return choice == "never"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    memory = _memory() if cores >= SPARE_CORES else None
+    memory = _memory() if _cores() >= SPARE_CORES else None
     return memory is not None and memory[0] >= size + memory[1] // 8
 
 
