@@ -1,6 +1,6 @@
 """storage.direct_writes: bytes written through O_DIRECT buffers are the bytes given, whatever their pieces, a
 system or file system that refuses O_DIRECT gets them through the ordinary descriptor, and the page cache is taken
-where cores and free memory are to spare (or IMAGE_TFRECORDS_DIRECT_WRITES says so)."""
+where cores and memory are to spare (or IMAGE_TFRECORDS_DIRECT_WRITES says so)."""
 
 from __future__ import annotations
 
@@ -95,21 +95,21 @@ def test_no_o_direct_means_the_ordinary_descriptor(tmp_path: Path, monkeypatch: 
     assert path.read_bytes() == b"".join(pieces)
 
 
-def _machine(monkeypatch: pytest.MonkeyPatch, cores: int, free: int, total: int) -> None:
+def _machine(monkeypatch: pytest.MonkeyPatch, cores: int, available: int, total: int) -> None:
     monkeypatch.delenv(direct_writes.DIRECT_WRITES_ENV, raising=False)
     monkeypatch.setattr(direct_writes, "_cores", lambda: float(cores))
-    monkeypatch.setattr(direct_writes, "_memory", lambda: (free, total))
+    monkeypatch.setattr(direct_writes, "_memory", lambda: (available, total))
 
 
-@pytest.mark.parametrize(("cores", "free", "size", "buffered"), [
+@pytest.mark.parametrize(("cores", "available", "size", "buffered"), [
     (16, 100 << 30, 1 << 30, True),  # cores and memory to spare: the disk catches up later
     (2, 100 << 30, 1 << 30, False),  # few cores: the CPU buffered writes take is what a night lacks
-    (16, 3 << 30, (1 << 30) + 1, False),  # the free memory would not hold them beside an eighth of the machine's 16 GiB
+    (16, 3 << 30, (1 << 30) + 1, False),  # the memory available would not hold them beside an eighth of 16 GiB
     (16, 3 << 30, 1 << 20, True),
 ])
-def test_buffered_writes_where_cores_and_memory_are_to_spare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            cores: int, free: int, size: int, buffered: bool) -> None:
-    _machine(monkeypatch, cores, free, 16 << 30)
+def test_buffered_writes_where_cores_and_memory_are_to_spare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, available: int, size: int, buffered: bool) -> None:
+    _machine(monkeypatch, cores, available, 16 << 30)
     assert direct_writes.page_cache_pays(size) is buffered
     path = tmp_path / "out.bin"
     with open(path, "w+b") as out, direct_writer(str(path), out.fileno(), size=size) as writer:
@@ -141,8 +141,8 @@ def test_this_machines_memory_is_read() -> None:
     memory = direct_writes._memory()
     if memory is None:
         pytest.skip("no /proc/meminfo here")
-    free, total = memory
-    assert 0 < free <= total
+    available, total = memory
+    assert 0 < available <= total
 
 
 def test_buffered_writes_start_the_disk_on_their_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,14 +17,15 @@ shards are not left in the page cache: the next night reads its base from disk (
 for the kernel's read-ahead, and the additions-only 100,000-image night on a base not cached, which it was meant
 for, took 6.07 and 6.75 s against 4.85 and 5.16 s mapped (runs a quarter of an hour apart, not taken in turns).
 
-Direct writes pay where CPU or free memory is short, not where cores and memory are idle: they wait for the device
-(1.3-1.4 GB/s on the 16-core machine, shared by every process), where buffered writes return at the speed of memory
-and the disk catches up while the metadata stages run. On that machine (125 GB free), with direct writes, the copies
-ahead of the 20,000-image night did not finish before the splices needed them (1 and 0 of 9), and the write stage took
-0.50-0.65 s, the night 4.2-4.7x faster than ``--full`` (against 5.3-5.7x before them). So ``direct_writer`` writes
-directly only where ``page_cache_pays`` says no: fewer than ``SPARE_CORES`` cores, or less memory free than the file's
-bytes plus an eighth of the machine's; ``IMAGE_TFRECORDS_DIRECT_WRITES`` (``auto``, ``always``, ``never``) decides
-instead where it is set. Buffered writes end by asking the kernel to start writing them (``writeback``).
+Direct writes pay where CPU or memory is short, not where cores and memory are to spare: they wait for the device
+(1.2-1.7 GB/s on the lent 16-core machines, shared by every process), where buffered writes return at the speed of
+memory and the disk catches up while the metadata stages run. On such a machine (125 GB free), with direct writes,
+the copies ahead of the 20,000-image night did not finish before the splices needed them (0-1 of 9), and the write
+stage took 0.50-0.65 s, the night 4.2-4.7x faster than ``--full`` (against 5.8-6.1x buffered, taking turns). So
+``direct_writer`` writes directly only where ``page_cache_pays`` says no: fewer than ``SPARE_CORES`` cores, or less
+memory available (free, or cache the kernel can drop) than the file's bytes plus an eighth of the machine's;
+``IMAGE_TFRECORDS_DIRECT_WRITES`` (``auto``, ``always``, ``never``) decides instead where it is set. Buffered writes
+end by asking the kernel to start writing them (``writeback``).
 """
 
 from __future__ import annotations
@@ -167,11 +168,12 @@ class OrdinaryWriter:
 
 
 def _memory() -> tuple[int, int] | None:
-    """(bytes free, bytes in all) of this machine's memory (``/proc/meminfo``'s MemFree and MemTotal), or None."""
+    """(bytes available, bytes in all) of this machine's memory (``/proc/meminfo``'s MemAvailable: free, or cache the
+    kernel can drop; and MemTotal), or None."""
     try:
         with open("/proc/meminfo", "rb") as f:
             fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-        return int(fields[b"MemFree"].split()[0]) * 1024, int(fields[b"MemTotal"].split()[0]) * 1024
+        return int(fields[b"MemAvailable"].split()[0]) * 1024, int(fields[b"MemTotal"].split()[0]) * 1024
     except (OSError, KeyError, ValueError, IndexError):
         return None
 
@@ -193,8 +195,8 @@ def _cores() -> float:
 def page_cache_pays(size: int) -> bool:
     """Whether ``size`` more bytes are better written through the page cache than with ``O_DIRECT`` here (see the
     module): ``IMAGE_TFRECORDS_DIRECT_WRITES`` where it says ``always`` or ``never``; else (``auto``) where this process
-    may use ``SPARE_CORES`` cores or more (``_cores``) and the memory free holds ``size`` bytes beside an eighth of the
-    machine's, so that the kernel need not take pages back from other files to hold them."""
+    may use ``SPARE_CORES`` cores or more (``_cores``), where the CPU that the page cache's work takes is to spare,
+    and the memory available holds ``size`` bytes beside an eighth of the machine's (no memory pressure)."""
     choice = os.environ.get(DIRECT_WRITES_ENV, "auto").strip().lower()
     if choice in ("always", "never"):
         return choice == "never"
