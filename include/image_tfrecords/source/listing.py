@@ -20,14 +20,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import BuildError
 from ..options import DEFAULT_SEPARATOR
 from ..records.columns import BadValue, label_set, normal_value
 from ..storage import FileInfo, Storage, StorageError, is_s3, join
 from ..storage.documents import read_rows
-from .localfs import MAX_KEY_BYTES, NotARegularFile, is_clean_name
+from .localfs import MAX_KEY_BYTES, FileRun, NotARegularFile, is_clean_name
 
 LABELS_FILE = "labels.csv"
 MAX_CSV_FIELD = 1 << 20  # a labels.csv field longer than this makes its row a reject (bad_row)
@@ -49,6 +49,19 @@ class Candidate:
     stamp: str = ""  # the listing's modification stamp (FileInfo.stamp): inspection reuse compares it
     values: tuple[str, ...] = ()  # labels.csv: the declared metadata columns' values, in normal form
     group: str = ""  # labels.csv: the group column's value (stripped), which keys the split when not empty
+
+
+class CandidateRun(NamedTuple):
+    """Candidates of one class folder, next to each other in the listing (``discover(..., runs=True)``): each of
+    ``files``' names, with its size and stamp, is a ``Candidate(files.prefix + name, label, size, stamp=stamp)``."""
+
+    label: str
+    files: FileRun
+
+    def candidates(self) -> Iterator[Candidate]:
+        prefix, label = self.files.prefix, self.label
+        for name, size, stamp in zip(self.files.names, self.files.sizes, self.files.stamps, strict=True):
+            yield Candidate(prefix + name, label, size, stamp=stamp)
 
 
 @dataclass
@@ -78,6 +91,16 @@ def looks_like_image(filename: str, modern: bool = True) -> bool:
     return extension in IMAGE_EXTENSIONS and (modern or extension not in MODERN_EXTENSIONS)
 
 
+def _image_name(name: str, modern: bool) -> bool:
+    """``looks_like_image(prefix + name, modern)`` for a ``name`` in a folder whose key ``prefix`` (``"a/b/"``) has no
+    hidden folder in it."""
+    dot = name.rfind(".")
+    if dot <= 0 or name.startswith("."):  # no extension, or a hidden file
+        return False
+    extension = name[dot:].lower()
+    return extension in IMAGE_EXTENSIONS and (modern or extension not in MODERN_EXTENSIONS)
+
+
 def _skip_kind(filename: str) -> str:
     """How a file that is not taken as an image is counted."""
     if posixpath.splitext(filename)[1].lower() in MODERN_EXTENSIONS and looks_like_image(filename):
@@ -88,7 +111,7 @@ def _skip_kind(filename: str) -> str:
 def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = None,
              cutoff: datetime | None = None, columns: dict[str, str] | None = None,
              separator: str = DEFAULT_SEPARATOR, modern_formats: bool = True,
-             group_column: str = "") -> Iterator[Candidate]:
+             group_column: str = "", runs: bool = False) -> Iterator[Candidate | CandidateRun]:
     """Yield every candidate under ``source`` in a stable order; fill ``counts`` as it goes.
 
     With a ``cutoff``, files modified after it are ignored (counted in ``after_cutoff``): the source
@@ -96,7 +119,9 @@ def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = Non
     as features (``columns``), checked per row; a ``labels`` column makes the rows multi-label (class
     names split on ``separator``, the candidate's label is the sorted set joined by it).
     ``modern_formats`` False skips HEIC/HEIF, AVIF and JPEG XL names (counted as ``modern_format_off``).
-    ``group_column``: the labels.csv column whose value each candidate carries as its ``group``.
+    ``group_column``: the labels.csv column whose value each candidate carries as its ``group``. ``runs``: a
+    class folder's files listed next to each other come as one ``CandidateRun`` (local folders, without a cutoff:
+    the same candidates, in the same order, at a few list operations each).
     """
     counts = counts if counts is not None else DiscoveryCounts()
     labels_uri = join(source, LABELS_FILE)
@@ -111,7 +136,16 @@ def discover(storage: Storage, source: str, counts: DiscoveryCounts | None = Non
         if columns:
             raise BuildError(f"columns {', '.join(columns)} are read from a labels.csv, and {source} has none "
                              "(it is read as one folder per class)")
-        yield from _from_folders(storage, source, counts, cutoff, modern_formats)
+        found = _from_folders(storage, source, counts, cutoff, modern_formats)
+        yield from found if runs else _each(found)
+
+
+def _each(found: Iterator[Candidate | CandidateRun]) -> Iterator[Candidate]:
+    for candidate in found:
+        if isinstance(candidate, CandidateRun):
+            yield from candidate.candidates()
+        else:
+            yield candidate
 
 
 def _has_labels_file(storage: Storage, source: str, labels_uri: str) -> bool:
@@ -146,15 +180,24 @@ def bad_key(key: str) -> str:
     return ""
 
 
-def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: datetime | None
-             ) -> Iterator[FileInfo | Candidate]:
-    """The listed regular files (FileInfo) and the rejects of what cannot be read (Candidate);
-    other kinds are counted as skipped. (``DiscoveryCounts.see`` inline: this runs once a listed file.)"""
+def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: datetime | None,
+             runs: bool = False) -> Iterator[FileInfo | Candidate | FileRun]:
+    """The listed regular files (FileInfo; with ``runs``, a local folder's stretch of them as one FileRun where there
+    is no cutoff) and the rejects of what cannot be read (Candidate); other kinds are counted as skipped.
+    (``DiscoveryCounts.see`` inline: this runs once a listed file.)"""
     s3 = is_s3(source)
     fingerprint = counts.fingerprint.update
     listed = 0
     try:
-        for info in storage.iter_files(source, everything=True):
+        for info in storage.iter_file_runs(source) if runs and not s3 and cutoff is None else \
+                storage.iter_files(source, everything=True):
+            if type(info) is FileRun:  # (a local file's stamp is its mtime in ns; each as the loop below has it)
+                listed += len(info.names)
+                prefix = info.prefix
+                fingerprint("".join([f"{prefix}{name}\0{size}\0{stamp}\0file\0\n" for name, size, stamp in
+                                     zip(info.names, info.sizes, info.stamps, strict=True)]).encode())
+                yield info
+                continue
             key, modified, problem = info.key, info.modified, info.problem
             if cutoff is not None and info.modified_at() > cutoff and not problem:
                 counts.after_cutoff += 1
@@ -176,20 +219,44 @@ def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: dat
 
 
 def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,
-                  cutoff: datetime | None, modern: bool) -> Iterator[Candidate]:
-    for info in _entries(storage, source, counts, cutoff):
+                  cutoff: datetime | None, modern: bool) -> Iterator[Candidate | CandidateRun]:
+    for info in _entries(storage, source, counts, cutoff, runs=True):
         if isinstance(info, Candidate):
             yield info
-            continue
-        key = info.key
-        slash = key.find("/")
-        if not looks_like_image(key, modern):
-            counts.skip(_skip_kind(key))
-        elif slash < 0:
-            yield Candidate(key, num_bytes=info.size, reason="no_label",
-                            detail="image in the source root: put it in a class folder")
+        elif type(info) is FileRun:
+            yield from _run_candidates(info, counts, modern)
         else:
-            yield Candidate(key, key[:slash], info.size, stamp=info.stamp)
+            yield from _file_candidate(info.key, info.size, info.stamp, counts, modern)
+
+
+def _file_candidate(key: str, size: int, stamp: str, counts: DiscoveryCounts, modern: bool) -> Iterator[Candidate]:
+    """A listed regular file in a folder layout: a candidate, a reject (an image in the source root), or skipped."""
+    slash = key.find("/")
+    if not looks_like_image(key, modern):
+        counts.skip(_skip_kind(key))
+    elif slash < 0:
+        yield Candidate(key, num_bytes=size, reason="no_label",
+                        detail="image in the source root: put it in a class folder")
+    else:
+        yield Candidate(key, key[:slash], size, stamp=stamp)
+
+
+def _run_candidates(run: FileRun, counts: DiscoveryCounts, modern: bool) -> Iterator[Candidate | CandidateRun]:
+    """``_file_candidate`` of each file of ``run``: its images as one CandidateRun of the class the folder is in."""
+    prefix = run.prefix
+    if not prefix or prefix.startswith(".") or "/." in prefix:  # the source root, or a hidden folder: one by one
+        for name, size, stamp in zip(run.names, run.sizes, run.stamps, strict=True):
+            yield from _file_candidate(prefix + name, size, stamp, counts, modern)
+        return
+    images = [_image_name(name, modern) for name in run.names]
+    if not all(images):
+        for name, image in zip(run.names, images, strict=True):
+            if not image:
+                counts.skip(_skip_kind(prefix + name))
+        run = FileRun(prefix, *([value for value, image in zip(values, images, strict=True) if image]
+                                for values in (run.names, run.sizes, run.stamps)))
+    if run.names:
+        yield CandidateRun(prefix[:prefix.find("/")], run)
 
 
 def _safe_relative(filename: str) -> str | None:

@@ -13,7 +13,7 @@ from ..published import layout
 from ..records.schema import REJECTS_FIELDS
 from ..rules.base_version import RETRIED_REASONS
 from ..shards.proofs import PROOFS
-from ..source.listing import DISCOVERED_FIELDS, DiscoveryCounts, discover
+from ..source.listing import DISCOVERED_FIELDS, CandidateRun, DiscoveryCounts, discover
 from ..staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, GROUPS, METADATA, staged
 from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, write_json
@@ -22,6 +22,19 @@ from ..storage.documents import RowWriter, read_json, write_json
 def plain(text: str) -> bool:
     """Whether ``text`` is a CSV field as it is (no comma, quote, line end; not empty)."""
     return bool(text) and "," not in text and '"' not in text and "\n" not in text and "\r" not in text
+
+
+def _write_run(found: RowWriter, run: CandidateRun) -> None:
+    """A class folder's candidates (``CandidateRun``) as rows of discovered.csv: one text where every field is plain
+    (names from a listing are never empty), else row by row."""
+    files, label = run.files, run.label
+    if plain(files.prefix) and plain(label) and plain("\0".join(files.names)):
+        prefix = files.prefix
+        found.write_lines("".join([f"{prefix}{name},{label},{size},{stamp}\n" for name, size, stamp in
+                                   zip(files.names, files.sizes, files.stamps, strict=True)]), len(files.names))
+    else:
+        for candidate in run.candidates():
+            found.write_values((candidate.filename, label, candidate.num_bytes, candidate.stamp))
 
 
 @summarized
@@ -40,8 +53,10 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
             RowWriter(storage, staged(cfg, GROUPS), ("filename", "group")) as groups:
         write_line = found.write_line
         for candidate in discover(storage, cfg.source, counts, cfg.cutoff, cfg.columns, cfg.label_separator,
-                                  cfg.modern_formats, cfg.group_column):
-            if candidate.reason:
+                                  cfg.modern_formats, cfg.group_column, runs=True):
+            if isinstance(candidate, CandidateRun):  # (a folder layout: no metadata or group columns)
+                _write_run(found, candidate)
+            elif candidate.reason:
                 rejects.write(vars(candidate))
             else:  # plain values: this runs over every file
                 name, label = candidate.filename, candidate.label

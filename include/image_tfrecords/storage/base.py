@@ -218,6 +218,11 @@ class Store(ABC):
         also yields the entries that are not regular files (see FileInfo). StorageError if ``uri`` cannot
         be listed."""
 
+    def iter_file_runs(self, uri: str) -> Iterator[Any]:
+        """``iter_files(uri, everything=True)``, where a store can, with stretches of plain regular files in one
+        folder as one batch each (a local store's ``localfs.FileRun``): a listing's cost per file in bulk."""
+        yield from self.iter_files(uri, everything=True)
+
     @abstractmethod
     def list_children(self, uri: str) -> tuple[list[str], list[str]]:
         """(sub-folder names, file names) directly below ``uri``, each sorted: one delimiter listing.

@@ -181,6 +181,11 @@ class RowWriter:
         self._file.write(line)
         self.count += 1
 
+    def write_lines(self, text: str, rows: int) -> None:
+        """Write ``rows`` rows already formatted as CSV, as one text (each ending in a newline)."""
+        self._file.write(text)
+        self.count += rows
+
     def write_text(self, text: bytes, rows: int) -> None:
         """Write ``rows`` rows already formatted as CSV, as one UTF-8 text (``storage.row_text``)."""
         self._file.flush()

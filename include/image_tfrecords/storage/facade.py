@@ -60,6 +60,11 @@ class Storage:
         """
         return self._store_for(uri).iter_files(uri, everything)
 
+    def iter_file_runs(self, uri: str) -> Iterator[Any]:
+        """``iter_files(uri, everything=True)`` with a local folder's stretches of plain regular files as one
+        ``localfs.FileRun`` each (in the same order: the listing's fast path)."""
+        return self._store_for(uri).iter_file_runs(uri)
+
     def list_dirs(self, uri: str) -> list[str]:
         """The immediate sub-folders of ``uri``, sorted (S3: one delimiter listing)."""
         return self._store_for(uri).list_dirs(uri)

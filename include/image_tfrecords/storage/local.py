@@ -30,12 +30,19 @@ class LocalStore(Store):
 
     # -- listing ---------------------------------------------------------------------------------
     def iter_files(self, uri: str, everything: bool = False) -> Iterator[FileInfo]:
+        for entry in self._walked(uri, localfs.walk):
+            if everything or (entry.kind == "file" and not entry.problem):
+                yield entry
+
+    def iter_file_runs(self, uri: str) -> Iterator[FileInfo | localfs.FileRun]:
+        return self._walked(uri, localfs.walk_runs)
+
+    @staticmethod
+    def _walked(uri: str, walk: Callable[[str], Iterator[Any]]) -> Iterator[Any]:
         if not os.path.isdir(uri):
             raise StorageError(f"{uri} is not a folder")
         try:
-            for entry in localfs.walk(uri):
-                if everything or (entry.kind == "file" and not entry.problem):
-                    yield entry
+            yield from walk(uri)
         except PermissionError:
             raise StorageError(f"cannot read the folder {uri}: permission denied") from None
 
