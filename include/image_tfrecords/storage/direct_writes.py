@@ -210,13 +210,11 @@ def direct_writer(path: str, fd: int, at: int = 0, size: int = 0,
     """A writer of the ``size`` bytes (about) that go into the file at ``path`` (open as ``fd``) from ``at``, shut when
     the block ends (call ``close`` to finish its writes first): a ``DirectWriter`` where ``direct`` (None: unless
     ``page_cache_pays(size)``), else, and where ``O_DIRECT`` cannot be opened, an ``OrdinaryWriter`` of ``fd``."""
-    if direct is None:
-        direct = not page_cache_pays(size)
-    try:
-        if not direct:
-            raise OSError("buffered writes asked for")
-        writer = DirectWriter(path, fd, at)
-    except OSError:
+    writer = None
+    if direct if direct is not None else not page_cache_pays(size):
+        with contextlib.suppress(OSError):  # (no O_DIRECT here)
+            writer = DirectWriter(path, fd, at)
+    if writer is None:
         yield OrdinaryWriter(fd, at)
         return
     try:
