@@ -171,8 +171,9 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
         if found is None:
             return None, 0, None
         index_data, kept, end_of_index = found
+        kept_bytes = sum(last - first for first, last in kept)
         with open(base_path, "rb", buffering=0) as base, open(out_path, "xb", buffering=0) as out, \
-                direct_writer(out_path, out.fileno(), size=sum(last - first for first, last in kept)) as writer:
+                direct_writer(out_path, out.fileno(), size=kept_bytes) as writer:
             before = identity(os.fstat(base.fileno()))
             if before[2] != num_bytes or not num_bytes or end_of_index not in (None, num_bytes):
                 raise InterruptedError
@@ -199,7 +200,7 @@ def prove_and_copy(base_path: str, num_bytes: int, num_records: int, runs: list[
                 read = stop
             writer.close()
             if read != num_bytes or identity(os.fstat(base.fileno())) != before or \
-                    written != sum(last - first for first, last in kept):
+                    written != kept_bytes:
                 raise InterruptedError
             entry = _copy_entry(runs, before, out.fileno(), written, index_data, out_path, kept_digest)
         return (base_digest.hexdigest(), before, b"".join(states)), read, entry

@@ -270,8 +270,7 @@ def _splice(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, An
             offsets: list[tuple[int, int]] = []
             out = prepared if prepared is not None else stack.enter_context(open(path, "w+b"))
             # the kept bytes this process writes skip the page cache where that pays (storage.direct_writes)
-            writer = stack.enter_context(direct_writer(path, out.fileno(), size=sum(
-                ends[stop - 1] - first_bytes[start] for start, stop in runs))) if written_here else None
+            writer = stack.enter_context(direct_writer(path, out.fileno(), size=kept_total)) if written_here else None
             written = base_at = 0  # (base_at: how far the base's digest has gone, on the paired path)
             segments: list[Segment] = []  # on S3: the kept runs, to be copied by the store
             for start, stop in runs:
