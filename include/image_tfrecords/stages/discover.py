@@ -84,10 +84,25 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                "fingerprint": fingerprint, "previous_version": previous, "unchanged_since": unchanged,
                "damaged_versions": damaged}
     write_json(storage, staged(cfg, DISCOVER_SUMMARY), summary)
+    left_out = after_cutoff(cfg, counts.after_cutoff)
     if not found.count:
+        layout_hint = "expected one folder per class or a labels.csv"
+        why = f"{left_out}; {layout_hint}" if left_out and counts.listed else left_out or layout_hint
         raise BuildError(f"no labelled images found under {cfg.source} ({counts.listed} files listed, "
-                         f"{rejects.count} rejected): expected one folder per class or a labels.csv")
+                         f"{rejects.count} rejected): {why}")
+    if left_out:
+        log.info("discover: %s", left_out)
     return summary
+
+
+def after_cutoff(cfg: BuildConfig, count: int) -> str:
+    """What the snapshot cutoff (``as_of``) left out of the build, and how to build it ("" when nothing)."""
+    if not count:
+        return ""
+    files = "1 file was" if count == 1 else f"{count} files were"
+    return (f"{files} modified after this build's snapshot cutoff {cfg.as_of} and left out (scheduled runs and "
+            "backfills see the source as of their logical date): to build them, trigger the DAG manually (a manual "
+            "run sees every file), or give a later as_of (the command line's --as-of)")
 
 
 def readable_previous(cfg: BuildConfig, storage: Storage) -> tuple[str | None, dict[str, Any] | None, list[str]]:
