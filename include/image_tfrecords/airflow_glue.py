@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import os
 import re
 import threading
 import time
@@ -32,8 +33,24 @@ log = logging.getLogger(__name__)
 
 AWS_CONN_ID = "aws_default"
 CLIENT_TTL_SECONDS = 300.0
-_cache: dict[str, tuple[float, Any]] = {}
+_cache: dict[str, tuple[int, float, Any, Any]] = {}  # conn_id -> (pid, made at, its S3Hook, this process's client)
 _lock = threading.Lock()
+
+
+def _forget_clients() -> None:
+    """In a forked child (a task's process pool): drop the parent's clients, keep their hooks.
+
+    A client holds its process's pooled connections, sockets the parent and every other child go on using: two
+    processes reading answers off one socket take each other's bytes (issue 48: ``FlexibleChecksumError``s, or
+    silently another object's bytes). A hook holds the connection the parent resolved: a child asking Airflow
+    for it would talk to the task's supervisor over the socket the parent shares with it, so it must not."""
+    global _lock
+    for conn_id, (pid, made, hook, _client) in list(_cache.items()):
+        _cache[conn_id] = (pid, made, hook, None)
+    _lock = threading.Lock()  # the parent's may have been held by one of its threads at the fork
+
+
+os.register_at_fork(after_in_child=_forget_clients)
 
 
 def s3_client(conn_id: str = AWS_CONN_ID) -> Any:
@@ -41,15 +58,19 @@ def s3_client(conn_id: str = AWS_CONN_ID) -> Any:
 
     Reused for a few minutes within one process: creating it costs about half a second (boto3 loads
     its service model each time), which adds up when tasks share a process (``airflow dags test``).
-    Each task of a real deployment runs in a process of its own, so it sees connection changes.
+    Each task of a real deployment runs in a process of its own, so it sees connection changes. A forked
+    child makes a client of its own from the connection its parent resolved (``_forget_clients``): the
+    task's process resolves it before it forks its pool, as it reads its inputs first.
     """
     from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     with _lock:
-        created, client = _cache.get(conn_id, (0.0, None))
-        if client is None or time.monotonic() - created > CLIENT_TTL_SECONDS:
-            client = S3Hook(aws_conn_id=conn_id).get_conn()
-            _cache[conn_id] = (time.monotonic(), client)
+        pid, made, hook, client = _cache.get(conn_id, (0, 0.0, None, None))
+        if hook is None or (pid == os.getpid() and time.monotonic() - made > CLIENT_TTL_SECONDS):
+            pid, made, hook, client = os.getpid(), time.monotonic(), S3Hook(aws_conn_id=conn_id), None
+        if client is None:  # the hook's own client (``get_conn``) may be the parent's: always a new one here
+            client = hook.get_client_type(region_name=hook.region_name)
+        _cache[conn_id] = (pid, made, hook, client)
         return client
 
 

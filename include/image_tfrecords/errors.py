@@ -50,7 +50,8 @@ class StoreBusy(ImageTfrecordsError):
 
 
 class StoreUnreachable(ImageTfrecordsError):
-    """The S3 endpoint does not answer; retrying later may help (Airflow retries these)."""
+    """The S3 endpoint does not answer, fails, or its bytes do not arrive intact; retrying later may help
+    (Airflow retries these)."""
 
     retryable = True
 

@@ -237,6 +237,19 @@ def test_translate_names_endpoint_and_bucket_for_every_kind_of_failure() -> None
         translated = _translate(exc, "s3://photos/k", client)
         assert isinstance(translated, StoreUnreachable), exc
         assert "http://store:9000" in str(translated) and "'photos'" in str(translated)
+        assert "s3://photos/k" in str(translated) and str(translated).endswith("a retry may help"), translated
+    checksum = bx.FlexibleChecksumError(error_msg="Expected checksum 0jn2cw== did not match calculated checksum: "
+                                                  "FiCf0A==")
+    for failure in (checksum, error("Throttling", 400), error("x", 429)):
+        translated = _translate(failure, "s3://photos/k", client)
+        assert isinstance(translated, StoreUnreachable) and "s3://photos/k" in str(translated), failure
+    assert "0jn2cw==" in str(_translate(checksum, "s3://photos/k", client))
+    for failure in (bx.NoCredentialsError(), error("AccessDenied", 403), error("NoSuchBucket", 404),
+                    error("InvalidObjectState", 403), error("MethodNotAllowed", 405),
+                    bx.ParamValidationError(report="x")):
+        translated = _translate(failure, "s3://photos/k", client)
+        assert isinstance(translated, StorageError) and not translated.retryable, failure
+        assert "s3://photos/k" in str(translated) and "retrying will not help" in str(translated), translated
     assert isinstance(_translate(OSError(5, "EIO"), "s3://photos/k", client, wire=True), StoreUnreachable)
     assert _translate(OSError(5, "EIO"), "s3://photos/k", client) is None  # e.g. reading the file to upload
     assert isinstance(_translate(bx.NoCredentialsError(), "s3://photos/k", client), StorageError)

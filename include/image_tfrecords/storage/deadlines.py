@@ -93,36 +93,60 @@ def network_errors() -> tuple[type[BaseException], ...]:
             ResponseStreamingError, Urllib3Error, HTTPException, DeadlinePassed)
 
 
-def translate(exc: BaseException, uri: str, client: Any, wire: bool = False) -> Exception | None:
-    """A one-line error naming endpoint and bucket (never a secret) for known failures, else None.
+RETRY_HELPS, RETRY_USELESS = "a retry may help", "retrying will not help"
+# S3 answers the callers turn into outcomes of their own: missing, a lost condition, a range past the end
+PASSED_ON = frozenset({"NoSuchKey", "404", "NotFound", "PreconditionFailed", "ConditionalRequestConflict", "412",
+                       "409", "InvalidRange", "416"})
+_BUSY = ("InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException",
+         "TooManyRequests", "TooManyRequestsException", "RequestLimitExceeded")
 
-    StorageError: retrying cannot fix it (credentials, missing bucket). StoreUnreachable: it can.
+
+def translate(exc: BaseException, uri: str, client: Any, wire: bool = False) -> Exception | None:
+    """A one-line error naming the object (``uri``), the endpoint and the bucket (never a secret), and whether
+    a retry can help, for a failure of the store; None for what is not one (the callers' own cases: a missing
+    key, a lost condition, a range past the end; an error that is not botocore's or the wire's).
+
+    StorageError: retrying cannot fix it (credentials, missing bucket, a refused request). StoreUnreachable:
+    it can (the network, the store's 5xx and throttling, bytes that did not arrive intact).
     ``wire``: ``exc`` came from reading a response body, so any OSError there is the network's.
     """
-    from botocore.exceptions import NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError, NoCredentialsError
     from botocore.parsers import ResponseParserError
 
     endpoint = getattr(getattr(client, "meta", None), "endpoint_url", "?")
     bucket = split_s3(uri)[0] if is_s3(uri) else "?"  # only S3 URIs come here; never fail while reporting
+    at = f"the S3 endpoint {endpoint} (bucket {bucket!r})"
     if isinstance(exc, network_errors()) or (wire and isinstance(exc, OSError)):
         why = str(exc) if isinstance(exc, DeadlinePassed) else type(exc).__name__
-        return StoreUnreachable(f"cannot reach the S3 endpoint {endpoint} (bucket {bucket!r}): {why}")
+        return StoreUnreachable(f"cannot reach {at} for {uri}: {why}; {RETRY_HELPS}")
+    if isinstance(exc, FlexibleChecksumError):  # the body as read does not hash to the checksum S3 stored
+        return StoreUnreachable(f"{uri} as read from {at} does not match the checksum the store holds for it "
+                                f"({exc}): its bytes changed on the way; {RETRY_HELPS} (if it keeps failing, the "
+                                "stored object is damaged: upload it again)")
     if isinstance(exc, ResponseParserError):
-        return StoreUnreachable(f"the S3 endpoint {endpoint} (bucket {bucket!r}) answered something that is not "
-                                "an S3 response")
+        return StoreUnreachable(f"{at} answered something that is not an S3 response for {uri}; {RETRY_HELPS}")
     if isinstance(exc, NoCredentialsError):
-        return StorageError(f"no AWS credentials found for bucket {bucket!r} at {endpoint}")
-    code = error_code(exc)
+        return StorageError(f"no AWS credentials found for bucket {bucket!r} at {endpoint} (for {uri}); "
+                            f"{RETRY_USELESS}")
+    if isinstance(exc, BotoCoreError):
+        return StorageError(f"{uri}: the S3 client failed before {at} answered: {exc}; {RETRY_USELESS}")
     response = getattr(exc, "response", None)
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(response, dict) else 0
-    if code in ("InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout") or (
-            isinstance(status, int) and status >= 500):
-        return StoreUnreachable(f"the S3 endpoint {endpoint} (bucket {bucket!r}) failed: {code or status}")
+    if not isinstance(exc, ClientError) or not isinstance(response, dict):
+        return None
+    code = error_code(exc)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    if code in _BUSY or (isinstance(status, int) and (status >= 500 or status == 429)):
+        return StoreUnreachable(f"{at} failed for {uri}: {code or status}; {RETRY_HELPS}")
     if code == "NoSuchBucket":
-        return StorageError(f"bucket {bucket!r} does not exist at {endpoint}")
+        return StorageError(f"bucket {bucket!r} does not exist at {endpoint} (for {uri}); {RETRY_USELESS}")
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "InvalidToken"):
-        return StorageError(f"access denied to bucket {bucket!r} at {endpoint} ({code}): check the credentials")
-    return None
+        return StorageError(f"access denied to bucket {bucket!r} at {endpoint} ({code}) for {uri}: check the "
+                            f"credentials; {RETRY_USELESS}")
+    if code in PASSED_ON:
+        return None
+    message = str(response.get("Error", {}).get("Message", "") or "")
+    return StorageError(f"{at} refused {getattr(exc, 'operation_name', 'a request')} of {uri}: "
+                        f"{code or status}{': ' + message if message else ''}; {RETRY_USELESS}")
 
 
 class DeadlineBody:

@@ -75,14 +75,17 @@ class S3Store(Store):
     def __init__(self, client_factory: ClientFactory | None = None) -> None:
         self._factory = client_factory or default_s3_client
         self._client: Any = None
+        self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:  # clients do not pickle; each process makes its own
-        return {"_factory": self._factory, "_client": None}
+        return {"_factory": self._factory, "_client": None, "_pid": 0}
 
     @property
     def client(self) -> Any:
-        if self._client is None:
-            self._client = self._factory()
+        """The client of this process: a store that crossed a fork makes its own, as one that was pickled does
+        (the parent's client holds its pooled connections, whose sockets the parent goes on using)."""
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = self._factory(), os.getpid()
         return self._client
 
     def prime(self) -> None:
