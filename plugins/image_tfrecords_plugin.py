@@ -18,9 +18,9 @@ URL_PREFIX = "/image-tfrecords"
 
 @cache
 def _app() -> Any:
-    from image_tfrecords_ui.app import airflow_access, create_app
+    from image_tfrecords_ui.app import airflow_access, airflow_login_url, create_app
 
-    return create_app(dependencies=airflow_access())
+    return create_app(dependencies=airflow_access(), login_url=airflow_login_url)
 
 
 class ImageTFRecordsPlugin(AirflowPlugin):

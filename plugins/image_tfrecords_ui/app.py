@@ -10,7 +10,8 @@ Routes (relative to the mount prefix, e.g. ``/image-tfrecords``):
 
 The app proxies bytes: no credential or presigned URL reaches the browser, and error pages name no
 endpoint. Store access and authentication are injected (``create_app``), so tests can run it on a
-plain ``Storage`` without an Airflow API server.
+plain ``Storage`` without an Airflow API server. A signed-out browser (a GET that accepts HTML) is sent to
+Airflow's sign-in page and back; any other client gets the 401 as Airflow's own API answers it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -30,6 +32,7 @@ from image_tfrecords.storage import Storage
 
 log = logging.getLogger(__name__)
 StorageFactory = Callable[[], Storage]
+LoginUrl = Callable[[str], str]  # the sign-in page's URL, given the URL to come back to
 
 INDEX_LIMIT = 10  # versions per dataset on the overview page
 # No scripts, forms or foreign content on any page; the card (the pipeline's HTML) gets the same policy.
@@ -62,6 +65,21 @@ def airflow_access(dag_id: str = "image_tfrecords") -> list[Any]:
 
     return [Depends(requires_access_view(AccessView.WEBSITE)),
             Depends(requires_access_dag("GET", param_dag_id=dag_id))]
+
+
+def airflow_login_url(next_url: str) -> str:
+    """Airflow's sign-in entry, ``/api/v2/auth/login?next=...`` under the API's base path: where Airflow's own UI
+    sends a signed-out user. It checks ``next`` is on this server and hands over to the auth manager's login page."""
+    from airflow.api_fastapi.app import API_ROOT_PATH
+
+    return f"{API_ROOT_PATH.rstrip('/')}/api/v2/auth/login?{urlencode({'next': next_url})}"
+
+
+def _signed_out_browser(request: Request, exc: StarletteHTTPException) -> bool:
+    """A browser page load without a usable sign-in: no token, an expired or an unreadable one (a 403 of a token
+    the server cannot read, as Airflow's UI takes it; a signed-in user who lacks access is not one)."""
+    unusable = exc.status_code == 401 or (exc.status_code == 403 and exc.detail == "Invalid JWT token")
+    return unusable and request.method in ("GET", "HEAD") and "text/html" in request.headers.get("accept", "")
 
 
 def _base(request: Request) -> str:
@@ -102,14 +120,17 @@ def _root_index(text: str, roots: Sequence[str]) -> int:
 
 
 def create_app(roots: Sequence[str] | None = None, storage_factory: StorageFactory = airflow_storage,
-               dependencies: Sequence[Any] | None = None) -> FastAPI:
-    """The app; ``roots`` default to $IMAGE_TFRECORDS_DESTINATION (read now), dependencies to none."""
+               dependencies: Sequence[Any] | None = None, login_url: LoginUrl | None = None) -> FastAPI:
+    """The app; ``roots`` default to $IMAGE_TFRECORDS_DESTINATION (read now), dependencies to none. With
+    ``login_url``, a signed-out browser is redirected to it (coming back to the page it asked for)."""
     roots = list(roots) if roots is not None else browse.destination_roots()
     app = FastAPI(title="TFRecord datasets", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=list(dependencies or []))
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if login_url is not None and _signed_out_browser(request, exc):
+            return RedirectResponse(login_url(str(request.url)), headers={"Cache-Control": "no-store"})
         if exc.status_code in (401, 403):  # the JSON answer Airflow's own API gives
             return JSONResponse({"detail": exc.detail}, exc.status_code, headers=getattr(exc, "headers", None))
         missing = exc.status_code in (404, 405)

@@ -20,8 +20,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from email.message import Message
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -161,6 +163,10 @@ class Browser:
     def click(self, element: dict) -> None:
         self.do("POST", f"/element/{element[ELEMENT]}/click", {})
 
+    def type(self, element: dict, text: str) -> None:
+        """Key presses into ``element``, as a person types them."""
+        self.do("POST", f"/element/{element[ELEMENT]}/value", {"text": text})
+
     def screenshot(self, path: Path) -> bytes:
         data = base64.b64decode(self.do("GET", "/screenshot"))
         path.write_bytes(data)
@@ -220,6 +226,41 @@ def _fetch(url: str, token: str | None = None) -> tuple[int, bytes]:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _answer(url: str, headers: dict[str, str]) -> tuple[int, Message]:
+    """The status and headers of one request, a redirect not followed."""
+    try:
+        with urllib.request.build_opener(_NoRedirect).open(urllib.request.Request(url, headers=headers),
+                                                           timeout=60) as response:
+            return response.status, response.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers
+
+
+def _sign_in_redirect(api_server: str, page: str, headers: dict[str, str]) -> None:
+    """A browser's page load of ``page`` without a usable token is sent to Airflow's sign-in, naming ``page``
+    as where to come back; the sign-in entry hands it to the auth manager's login page, still naming it."""
+    status, answer = _answer(page, {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8", **headers})
+    assert status == 307 and answer["Location"].startswith("/api/v2/auth/login?"), (status, dict(answer))
+    assert parse_qs(urlsplit(answer["Location"]).query) == {"next": [page]}
+    status, answer = _answer(api_server + answer["Location"], {})
+    assert status == 307 and urlsplit(answer["Location"]).path == "/auth/login", (status, dict(answer))
+    assert parse_qs(urlsplit(answer["Location"]).query) == {"next": [page]}
+
+
+def _sign_in(browser: Browser, username: str, password: str) -> None:
+    """On Airflow's sign-in page: type the user name and password, press the button."""
+    field = "return document.querySelector('input[name=\"{}\"]')"
+    user = _wait(lambda: browser.js(field.format("username")), 60, "the sign-in form")
+    browser.type(user, username)
+    browser.type(browser.js(field.format("password")), password)
+    browser.click(browser.js("return document.querySelector('form button[type=\"submit\"]')"))
 
 
 def _save(browser: Browser, tmp_path: Path, name: str) -> None:
@@ -282,9 +323,12 @@ def test_datasets_page_in_the_airflow_ui(api_server: str, published: dict[str, s
     manifest = json.loads(storage.read_bytes(f"{published['destination']}/{dataset}/{version}/manifest.json"))
     card_url = f"{api_server}/image-tfrecords/datasets/0/{dataset}/{version}/card"
 
-    # The app answers only a logged-in user; credentials never reach the page.
+    # The app answers only a logged-in user; credentials never reach the page. A signed-out browser (no
+    # token, or one the server cannot read) is sent to sign in; other clients get the 401.
     assert _fetch(f"{api_server}/image-tfrecords/")[0] == 401
     assert _fetch(card_url)[0] == 401
+    _sign_in_redirect(api_server, f"{api_server}/image-tfrecords/", {})
+    _sign_in_redirect(api_server, card_url, {"Cookie": "_token=not-a-token"})
     token = _token(api_server)
     status, body = _fetch(f"{api_server}/image-tfrecords/", token)
     assert status == 200 and f'data-version="{version}"'.encode() in body
@@ -294,8 +338,13 @@ def test_datasets_page_in_the_airflow_ui(api_server: str, published: dict[str, s
     browser = Browser(tmp_path)
     try:
         browser.start()
-        browser.get(f"{api_server}/api/v2/monitor/health")  # on the server's origin, to set its cookie
-        browser.do("POST", "/cookie", {"cookie": {"name": "_token", "value": token, "path": "/"}})
+        # Signed out, the page sends the browser to Airflow's sign-in page; signing in brings it back.
+        browser.get(f"{api_server}/image-tfrecords/")
+        _wait_for_path(browser, lambda path: path == "/auth/login", 60, "the sign-in page")
+        _sign_in(browser, USER, PASSWORD)
+        _wait_for_path(browser, lambda path: path == "/image-tfrecords/", 60, "the datasets page, signed in")
+        _wait(lambda: browser.js(f"return document.querySelector('tr.version[data-version=\"{version}\"]')"),
+              30, "the version row, signed in")
         browser.get(f"{api_server}/")
 
         # The UI's navigation has the entry; opening it shows the page inside the UI, in an iframe.

@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from fastapi.testclient import TestClient
@@ -23,7 +24,9 @@ from tools.seaweedfs import S3Server
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins"))  # as Airflow does with its plugins folder
 
-from image_tfrecords_ui.app import airflow_access, create_app  # noqa: E402
+from image_tfrecords_ui.app import airflow_access, airflow_login_url, create_app  # noqa: E402
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8"
 
 
 def drop_card(server: S3Server, storage: Storage, version_uri: str) -> None:
@@ -270,6 +273,26 @@ def test_airflow_auth_is_required(store: dict, s3_server: S3Server) -> None:
         for path in ("/", "/datasets/0/shapes/v2/card", "/datasets/0/shapes/v2/labels.csv"):
             response = client.get(path)
             assert response.status_code == 401 and response.json() == {"detail": "Not authenticated"}
+
+
+def test_a_signed_out_browser_is_sent_to_sign_in_and_back(store: dict, s3_server: S3Server) -> None:
+    """Mounted as the API server mounts it: a page load that accepts HTML, without a token, is redirected to
+    Airflow's sign-in entry naming the page it asked for; any other client still gets the 401."""
+    from fastapi import FastAPI
+
+    server = FastAPI()
+    server.mount("/image-tfrecords", create_app([store["root"]], lambda: Storage(s3_server.client),
+                                                dependencies=airflow_access(), login_url=airflow_login_url))
+    with TestClient(server, follow_redirects=False) as client:
+        for path in ("/", "/datasets/0/shapes", "/datasets/0/shapes/v2/card?x=1"):
+            page = f"http://testserver/image-tfrecords{path}"
+            response = client.get(f"/image-tfrecords{path}", headers={"Accept": BROWSER_ACCEPT})
+            assert response.status_code == 307, (path, response.status_code, response.text)
+            assert response.headers["location"] == "/api/v2/auth/login?" + urlencode({"next": page})
+            assert response.headers["cache-control"] == "no-store"
+            for accept in ("application/json", "*/*"):
+                response = client.get(f"/image-tfrecords{path}", headers={"Accept": accept})
+                assert response.status_code == 401 and response.json() == {"detail": "Not authenticated"}, accept
 
 
 def test_plugin_loads_from_the_plugins_folder() -> None:
