@@ -1,0 +1,144 @@
+"""The DAG on the product's path: a LocalExecutor stack (PostgreSQL, scheduler, dag-processor, triggerer,
+api-server; ``parallelism`` 2) building from an S3 prefix into S3 on a local SeaweedFS server.
+
+The source is a ``make_corpus`` corpus uploaded as users upload theirs (boto3's ``upload_file``, its default
+CRC32 checksums, as ``aws s3 sync`` stores them), and ``aws_default`` is a connection in Airflow's database
+(not an environment variable), as in a deployment. Three runs from the REST API: a full build, a night that
+changes 1% of the source (adds, deletes, changes) and a ``full_rebuild`` of that night. Each run's seconds
+(the run's start to its end as Airflow records them), its state, and every task that needed more than one
+try are printed and written to ``.bench/dag-s3-<images>.json``.
+
+    .venv/bin/python bench/dag_s3.py --images 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import ROOT, make_corpus
+from bench.incremental import EXTRA_SEED, MUTATION_SEED, image_files, night_counts
+from tools import seaweedfs
+from tools.airflow_env import POOL, migrate
+from tools.airflow_stack import Stack, airflow_env, postgres_server, wait_for
+
+BUCKET, PREFIX = "photos", "incoming"
+
+
+def upload(client: Any, files: list[tuple[Path, str]]) -> None:
+    """``upload_file`` each (path, key), on 8 threads: boto3's default checksums, as users' tools store them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda item: client.upload_file(str(item[0]), BUCKET, item[1]), files))
+
+
+def mutate(client: Any, corpus: Path, extras: Path, images: int) -> dict[str, int]:
+    """The night's 1%: delete, change (another image's bytes under the same key) and add, reproducibly."""
+    counts = night_counts(images)
+    rng = random.Random(f"{MUTATION_SEED}-s3")
+    keys = [f"{PREFIX}/{p.relative_to(corpus).as_posix()}" for p in image_files(corpus)]
+    deleted = rng.sample(keys, counts["deleted"])
+    changed = rng.sample(sorted(set(k for k in keys if k.endswith(".jpg")) - set(deleted)), counts["changed"])
+    donors = image_files(extras)
+    rng.shuffle(donors)
+    client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in deleted]})
+    jpegs = [p for p in donors if p.suffix == ".jpg"]
+    upload(client, list(zip(jpegs[:len(changed)], changed, strict=True)))
+    added = [p for p in donors if p not in set(jpegs[:len(changed)])][:counts["added"]]
+    upload(client, [(p, f"{PREFIX}/{p.relative_to(extras).as_posix()}") for p in added])
+    return counts
+
+
+def run_once(stack: Stack, conf: dict[str, Any], when: datetime, timeout: float) -> dict[str, Any]:
+    """Trigger a run, wait for it; its seconds, state and the tasks that were tried more than once."""
+    run = stack.call("POST", "/dags/image_tfrecords/dagRuns", {"logical_date": when.isoformat(), "conf": conf})
+    quoted = run["dag_run_id"].replace("+", "%2B").replace(":", "%3A")
+    done = wait_for(lambda: (lambda r: r if r["state"] in ("success", "failed") else None)(
+        stack.call("GET", f"/dags/image_tfrecords/dagRuns/{quoted}")), timeout, f"run {run['dag_run_id']}", 1)
+    tasks = stack.task_instances(run["dag_run_id"])
+    retried = [f"{t['task_id']}[{t['map_index']}] try {t['try_number']}" for t in tasks if t["try_number"] > 1]
+    seconds = (datetime.fromisoformat(done["end_date"]) - datetime.fromisoformat(done["start_date"])).total_seconds()
+    return {"run_id": run["dag_run_id"], "state": done["state"], "seconds": round(seconds, 1), "retried": retried,
+            "tasks": len(tasks), "failed": [f"{t['task_id']}[{t['map_index']}]" for t in tasks
+                                            if t["state"] == "failed"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--synthetic", action="store_true", help="synthetic photos (offline)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
+    args = parser.parse_args(argv)
+    work = ROOT / ".bench"
+    corpus, pixels = make_corpus(args.images, work, synthetic=args.synthetic)
+    extras, _ = make_corpus(3 * sum(night_counts(args.images).values()), work, synthetic=args.synthetic,
+                            seed=EXTRA_SEED)
+    results: dict[str, Any] = {"images": args.images, "pixels": pixels, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="dag-s3-") as scratch, postgres_server() as database:
+        server = seaweedfs.start(str(Path(scratch) / "s3"))
+        try:
+            server.create_bucket(BUCKET)
+            client = server.client()
+            started = time.monotonic()
+            upload(client, [(p, f"{PREFIX}/{p.relative_to(corpus).as_posix()}") for p in image_files(corpus)])
+            print(f"uploaded {args.images} images with upload_file in {time.monotonic() - started:.1f} s", flush=True)
+            home, api_port = Path(scratch) / "airflow", seaweedfs.free_ports(1)[0]
+            (home / "logs").mkdir(parents=True)
+            env = {**airflow_env(home, database, api_port, server, "LocalExecutor", parallelism=2, pool=POOL),
+                   "IMAGE_TFRECORDS_SOURCE": f"s3://{BUCKET}/{PREFIX}",
+                   "IMAGE_TFRECORDS_DESTINATION": f"s3://{BUCKET}/datasets", "IMAGE_TFRECORDS_DATASET": "photos"}
+            connection = json.loads(env.pop("AIRFLOW_CONN_AWS_DEFAULT"))  # in the database, as deployments have it
+            migrate(env, pool_slots=2)
+            stack = Stack(env, api_port, home / "logs")
+            try:
+                stack.start()
+                wait_for(lambda: stack.call("GET", "/dags/image_tfrecords"), 180, "the DAG to be parsed", 2)
+                stack.call("POST", "/connections", {"connection_id": "aws_default", "conn_type": "aws",
+                                                    "login": connection["login"], "password": connection["password"],
+                                                    "extra": json.dumps(connection["extra"])})
+                stack.call("PATCH", "/dags/image_tfrecords", {"is_paused": False})  # REST runs of a paused DAG wait
+                # Unpausing makes the latest nightly run, which sees only objects older than its logical date: none
+                # here (they were uploaded just now). It ends before the measured runs start.
+                scheduled = wait_for(lambda: stack.call("GET", "/dags/image_tfrecords/dagRuns?run_type=scheduled")[
+                    "dag_runs"], 180, "the scheduled run", 2)[0]
+                results["scheduled"] = wait_for(lambda: (lambda r: r["state"] if r["state"] in ("success", "failed")
+                                                         else None)(stack.call("GET", "/dags/image_tfrecords/dagRuns/"
+                                                         + scheduled["dag_run_id"].replace("+", "%2B"))), 600,
+                                                "the scheduled run's end", 2)
+                print(f"the scheduled run made by unpausing: {results['scheduled']}", flush=True)
+                day = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+                plan = (("full build", {}, None), ("1% night", {}, "mutate"), ("full_rebuild", {"full_rebuild": True},
+                                                                               None))
+                for number, (name, conf, before) in enumerate(plan):
+                    if before == "mutate":
+                        results["night"] = mutate(client, corpus, extras, args.images)
+                    result = run_once(stack, conf, day + timedelta(minutes=number), args.timeout)
+                    results["runs"][name] = result
+                    print(f"{name}: {result['state']} in {result['seconds']:.1f} s, {result['tasks']} tasks, "
+                          f"retried: {', '.join(result['retried']) or 'none'}", flush=True)
+                    if result["state"] != "success":
+                        print(json.dumps(stack.tails(3000), indent=1)[-8000:])
+                        break
+            finally:
+                stack.stop()
+        finally:
+            seaweedfs.stop(server)
+    out = work / f"dag-s3-{args.images}.json"
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"written {out}")
+    ok = all(r["state"] == "success" and not r["retried"] for r in results["runs"].values())
+    return 0 if ok and len(results["runs"]) == 3 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
