@@ -30,8 +30,9 @@
 #define CHUNK 256   /* pixels split into planes at a time */
 #define SPAN (MAX_SIDE / SIDE + 2) /* the most pixels one of SIDE cells spans along a side */
 
-/* The pixel loops vectorise far better with AVX2; GCC builds both and picks at load time (ifunc). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* The pixel loops vectorise far better with AVX2; GCC builds both and picks at load time (ifunc, which glibc
+   provides: musl, macOS and Windows have no ifunc, and there the default loop alone is built). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define VECTOR_CLONES

@@ -22,6 +22,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* The modification time with nanoseconds: POSIX 2008's st_mtim; macOS and the BSDs name it st_mtimespec. */
+#if defined(__APPLE__)
+#define MTIME(st) ((st).st_mtimespec)
+#else
+#define MTIME(st) ((st).st_mtim)
+#endif
+
 typedef struct {
     long long mode, size, seconds, nanoseconds;
 } Found;
@@ -81,8 +88,8 @@ static PyObject *lstat_names(PyObject *self, PyObject *args) {
         }
         found[i].mode = st.st_mode;
         found[i].size = st.st_size;
-        found[i].seconds = st.st_mtim.tv_sec;
-        found[i].nanoseconds = st.st_mtim.tv_nsec;
+        found[i].seconds = MTIME(st).tv_sec;
+        found[i].nanoseconds = MTIME(st).tv_nsec;
     }
     Py_END_ALLOW_THREADS
     if (!(modes = PyList_New(count)) || !(sizes = PyList_New(count)) || !(stamps = PyList_New(count)))
