@@ -8,7 +8,8 @@ scalable `airflow-worker`), the S3 connection pointing at MinIO, the bucket, the
 order and health checks. When a Compose v2 CLI is available, `docker compose config` validates the
 file against the Compose specification too. The Dockerfile is checked for what it installs: the
 runtime lock (requirements.txt: no TensorFlow, no SeaweedFS, no test tools; hash-checked) and the
-package itself, so that `image-tfrecords` is a command in the image.
+package's wheel, built with its compiled parts in a stage that has a C compiler, so that
+`image-tfrecords` is a command in the image and runs the C code; compose does not mount the source over it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path
@@ -50,7 +54,8 @@ AIRFLOW_COMPONENTS = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-pro
 IMAGE_SERVICES = AIRFLOW_COMPONENTS | {"airflow-init", "sample-data"}
 EXPECTED_SERVICES = IMAGE_SERVICES | {"postgres", "redis", "minio", "minio-create-bucket"}
 ONE_SHOT_SERVICES = {"airflow-init", "sample-data", "minio-create-bucket"}
-MOUNTED_DIRS = ("dags", "include", "plugins", "data", "logs", "config")
+# Not include/: the containers run the installed wheel, whose compiled parts a mounted source would shadow.
+MOUNTED_DIRS = ("dags", "plugins", "data", "logs", "config")
 
 Services = dict[str, dict[str, Any]]
 Env = dict[str, str]
@@ -70,8 +75,6 @@ CONTRACT_ENV = {
     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://airflow-apiserver:8080/execution/",
     "AIRFLOW__CORE__AUTH_MANAGER": SIMPLE_AUTH_MANAGER,
     "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "true",
-    # The mounted source, ahead of the copy installed in the image.
-    "PYTHONPATH": f"{AIRFLOW_HOME}/include",
     "IMAGE_TFRECORDS_SOURCE": f"{AIRFLOW_HOME}/data/sample",
     "IMAGE_TFRECORDS_DESTINATION": "s3://datasets/image-tfrecords",
 }
@@ -79,7 +82,6 @@ DOCUMENTED_ENV = (
     "IMAGE_TFRECORDS_SOURCE",
     "IMAGE_TFRECORDS_DESTINATION",
     "AIRFLOW_CONN_AWS_DEFAULT",
-    "PYTHONPATH",
     "AIRFLOW__CORE__EXECUTOR",
     "AIRFLOW__CORE__PARALLELISM",
     "AIRFLOW_UID",
@@ -394,14 +396,17 @@ def test_celery_provider_is_in_the_image(env: Env) -> None:
 # ------------------------------------------------------------------------------------- data and mounts
 
 
-def test_project_folders_are_mounted(common: dict[str, Any], env: Env) -> None:
+def test_project_folders_are_mounted(services: Services, common: dict[str, Any], env: Env) -> None:
     volumes = common["volumes"]
-    for folder in MOUNTED_DIRS:
-        assert f"./{folder}:{AIRFLOW_HOME}/{folder}" in volumes, folder
+    assert volumes == [f"./{folder}:{AIRFLOW_HOME}/{folder}" for folder in MOUNTED_DIRS]
     targets = [volume.split(":")[1] for volume in volumes]
-    # PYTHONPATH is the include mount itself, so the mounted package shadows the installed one.
-    assert env["PYTHONPATH"] in targets
-    assert (ROOT / mounted_source(common, env["PYTHONPATH"]) / "image_tfrecords" / "__init__.py").is_file()
+    # The installed wheel is the package: no mounted source and no PYTHONPATH may come before it
+    # (its compiled parts are not in the source tree, so they would silently go unused).
+    for name in IMAGE_SERVICES:
+        assert "PYTHONPATH" not in env_of(services[name]), f"{name} sets PYTHONPATH"
+    package = ROOT / "include"
+    for host in (ROOT / volume.split(":")[0] for volume in volumes):
+        assert not (package.is_relative_to(host) or host.is_relative_to(package)), f"{host} mounts the source"
     source = env["IMAGE_TFRECORDS_SOURCE"]
     assert any(source.startswith(f"{target}/") for target in targets), "the source must be on a mount"
 
@@ -409,13 +414,6 @@ def test_project_folders_are_mounted(common: dict[str, Any], env: Env) -> None:
 # The official image's ENTRYPOINT: /entrypoint execs a `bash` or `python` command as given and
 # runs anything else as `airflow ARGS...`.
 IMAGE_ENTRYPOINT = ["/usr/bin/dumb-init", "--", "/entrypoint"]
-
-
-def mounted_source(common: dict[str, Any], target: str) -> str:
-    """The host folder (relative to the project) that the common volumes mount at ``target``."""
-    sources = [volume.split(":")[0] for volume in common["volumes"] if volume.split(":")[1] == target]
-    assert len(sources) == 1, f"nothing (or more than one thing) is mounted at {target}"
-    return sources[0]
 
 
 def test_sample_data_runs_the_console_script(services: Services, env: Env) -> None:
@@ -527,7 +525,9 @@ def test_init_script_is_valid_bash_with_no_compose_substitution(services: Servic
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE",
     ):
         assert step in script
-    assert all(folder in script.split("mkdir -v -p", 1)[1].splitlines()[0] for folder in MOUNTED_DIRS)
+    # It creates and lists exactly the mounted folders.
+    listed = re.findall(r"(?:mkdir -v -p|ls -la) /opt/airflow/\{([^}]*)\}", script)
+    assert len(listed) == 2 and all(set(names.split(",")) == set(MOUNTED_DIRS) for names in listed), listed
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("bash not installed")
@@ -604,14 +604,78 @@ def pip_installs(instructions: list[str]) -> list[tuple[int, str]]:
     return [(i, line) for i, line in enumerate(instructions) if line.startswith("RUN ") and "pip install" in line]
 
 
+Stage = tuple[str, str | None, list[str]]  # (FROM's image or stage, AS name, the stage's instructions)
+
+
+def dockerfile_stages() -> list[Stage]:
+    stages: list[Stage] = []
+    for line in dockerfile_instructions():
+        words = line.split()
+        if words[0].upper() == "FROM":
+            assert len(words) in (2, 4) and (len(words) == 2 or words[2].upper() == "AS"), line
+            stages.append((words[1], words[3] if len(words) == 4 else None, []))
+        else:
+            assert stages, f"an instruction before the first FROM: {line}"
+            stages[-1][2].append(line)
+    return stages
+
+
+def lineage(stages: list[Stage], index: int) -> list[Stage]:
+    """The stage at ``index`` and the stages it is built FROM, the base image's first."""
+    base, _, _ = stages[index]
+    earlier = [i for i in range(index) if stages[i][1] == base]
+    return [*lineage(stages, earlier[-1]), stages[index]] if earlier else [stages[index]]
+
+
+def stage_named(stages: list[Stage], name: str) -> int:
+    found = [i for i, stage in enumerate(stages) if stage[1] == name]
+    assert len(found) == 1, f"the Dockerfile has no (or more than one) stage named {name}"
+    return found[0]
+
+
+def shell_words(instruction: str) -> list[str]:
+    return shlex.split(instruction.removeprefix("RUN "))
+
+
+def wheel_check(stages: list[Stage]) -> tuple[str, list[str]]:
+    """(the build stage's `python -c` program that checks the wheel, its arguments)."""
+    checks = [line for line in stages[stage_named(stages, "build")][2] if line.startswith("RUN ") and "zipfile" in line]
+    assert len(checks) == 1, "the build stage should check the wheel's contents in one RUN"
+    words = shell_words(checks[0])
+    assert words[:2] == ["python", "-c"], words[:2]
+    return words[2], words[3:]
+
+
+IMPORT_CHECK = 'python -c "from image_tfrecords import compiled; assert not compiled.missing(), compiled.line()"'
+
+
 def test_dockerfile_extends_the_pinned_airflow_image() -> None:
-    instructions = dockerfile_instructions()
-    froms = [line for line in instructions if line.upper().startswith("FROM ")]
-    assert froms == [f"FROM apache/airflow:{airflow_pin()}-python3.11"]
-    first_pip = pip_installs(instructions)[0][0]
-    users = [line.split()[1] for line in instructions[:first_pip] if line.upper().startswith("USER ")]
-    assert users and users[-1] == "airflow", "pip must run as the airflow user"
-    assert not [line for line in instructions[first_pip:] if line.upper().startswith("USER ")]
+    stages = dockerfile_stages()
+    names = [name for _, name, _ in stages if name]
+    assert len(names) == len(set(names)), names
+    for index, (base, _, _) in enumerate(stages):
+        if base not in {name for _, name, _ in stages[:index]}:
+            # Every image pulled is the official one at the Airflow pin (the lock cannot move it).
+            assert base == f"apache/airflow:{airflow_pin()}-python3.11", base
+    assert lineage(stages, len(stages) - 1)[0][0] == f"apache/airflow:{airflow_pin()}-python3.11"
+    assert stage_named(stages, "build") < len(stages) - 1, "the image that runs is not the build stage"
+
+
+def test_only_apt_runs_as_root() -> None:
+    """pip (and the checks) run as the airflow user; only apt-get runs as root."""
+    stages = dockerfile_stages()
+    runs = []
+    for index in range(len(stages)):
+        user = None  # a stage starts as the user its FROM stage ended with
+        for stage in lineage(stages, index):
+            for line in stage[2]:
+                if line.upper().startswith("USER "):
+                    user = line.split()[1]
+                elif stage is stages[index] and line.startswith("RUN "):
+                    runs.append(line)
+                    expected = "root" if "apt-get" in line else "airflow"
+                    assert user == expected, f"run as {expected}: {line[:80]}"
+    assert sum("pip " in line for line in runs) == 3, "the lock, the wheel, the wheel's install"
 
 
 def test_dockerfile_installs_the_runtime_lock_with_hashes() -> None:
@@ -625,47 +689,146 @@ def test_dockerfile_installs_the_runtime_lock_with_hashes() -> None:
     arguments = pip.split("pip install", 1)[1].replace("-r /requirements.txt", "").split()
     assert all(argument.startswith("--") for argument in arguments), arguments
     assert "apache-airflow" in locked(REQUIREMENTS)
+    # Both the build stage and the image that runs are built on the stage that installs the lock.
+    stages = dockerfile_stages()
+    for index in (stage_named(stages, "build"), len(stages) - 1):
+        assert any(pip in stage[2] for stage in lineage(stages, index)), f"stage {index} lacks the lock"
 
 
-def test_dockerfile_installs_the_package_without_its_dependencies() -> None:
-    instructions = dockerfile_instructions()
-    copied = [line for line in instructions if line.upper().startswith("COPY ")]
+def test_build_stage_compiles_the_package_wheel() -> None:
+    stages = dockerfile_stages()
+    build = stages[stage_named(stages, "build")][2]
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
     package_dir = project["tool"]["setuptools"]["package-dir"][""]
     # Everything setuptools reads to build the package: the project table, its readme, the source.
+    copied = [line for line in build if line.upper().startswith("COPY ")]
     for needed in ("pyproject.toml", project["project"]["readme"], f"{package_dir}/"):
-        assert any(needed in line.split()[1:-1] for line in copied), f"the Dockerfile does not copy {needed}"
-    installs = pip_installs(instructions)
-    assert len(installs) == 2, "one pip call for the lock, then one for the package"
-    pip = installs[1][1]
-    assert "--no-deps" in pip, "the package's dependencies come from requirements.txt, hash-checked"
-    assert "--no-cache-dir" in pip
-    if "--no-build-isolation" in pip:
-        # Then the image's own setuptools builds it: it must be pinned, and new enough.
-        from packaging.requirements import Requirement
+        assert any(needed in line.split()[1:-1] for line in copied), f"the build stage does not copy {needed}"
+    # A C compiler, installed as root the way upstream's docs add apt packages.
+    apt = [i for i, line in enumerate(build) if "apt-get install" in line]
+    assert len(apt) == 1, "one apt-get install"
+    install = build[apt[0]]
+    assert "build-essential" in install.split() and "--no-install-recommends" in install
+    assert "rm -rf /var/lib/apt/lists/*" in install, "apt's lists stay out of the layer"
+    assert [line for line in build[: apt[0]] if line.upper().startswith("USER ")][-1] == "USER root"
+    # The wheel, from a scratch copy `airflow` owns, with setuptools from the lock.
+    wheels = [line for line in build if line.startswith("RUN ") and "pip wheel" in line]
+    assert len(wheels) == 1, "one pip wheel call"
+    pip = wheels[0]
+    for flag in ("--no-deps", "--no-build-isolation", "--no-cache-dir", "--wheel-dir"):
+        assert flag in pip, flag
+    assert "mktemp -d" in pip and 'cp -r /opt/image-tfrecords/. "$src"' in pip
+    from packaging.requirements import Requirement
 
-        lock = locked(REQUIREMENTS)
-        for requirement in map(Requirement, project["build-system"]["requires"]):
-            name = canonical(requirement.name)
-            assert name in lock, f"--no-build-isolation needs {name} pinned in requirements.txt"
-            assert requirement.specifier.contains(lock[name][0]), f"{name}=={lock[name][0]} is not {requirement}"
+    lock = locked(REQUIREMENTS)
+    for requirement in map(Requirement, project["build-system"]["requires"]):
+        name = canonical(requirement.name)
+        assert name in lock, f"--no-build-isolation needs {name} pinned in requirements.txt"
+        assert requirement.specifier.contains(lock[name][0]), f"{name}=={lock[name][0]} is not {requirement}"
+    # The wheel is checked where it was written, against compiled.py's list of parts.
+    _, arguments = wheel_check(stages)
+    wheel_dir = pip.split("--wheel-dir", 1)[1].split()[0]
+    assert arguments == [f"/opt/image-tfrecords/{package_dir}/image_tfrecords/compiled.py",
+                         f"{wheel_dir}/image_tfrecords-*.whl"], arguments
+
+
+def test_image_that_runs_installs_the_built_wheel_and_imports_its_compiled_parts() -> None:
+    stages = dockerfile_stages()
+    final = lineage(stages, len(stages) - 1)
+    everything = [line for stage in final for line in stage[2]]
+    assert not [line for line in everything if "apt-get" in line or "build-essential" in line], "no compiler"
+    build = stages[stage_named(stages, "build")][2]
+    wheel_dir = next(line for line in build if "pip wheel" in line).split("--wheel-dir", 1)[1].split()[0]
+    copies = [line.split() for line in stages[-1][2] if line.upper().startswith("COPY ")]
+    assert len(copies) == 1 and "--from=build" in copies[0], "the image that runs copies only the wheel"
+    source, target = copies[0][-2:]
+    assert source.rstrip("/") == wheel_dir
+    installs = pip_installs(everything)
+    assert len(installs) == 2, "one pip call for the lock, then one for the wheel"
+    pip = installs[1][1]
+    assert f"pip install --no-cache-dir --no-deps {target.rstrip('/')}/image_tfrecords-*.whl" in pip, pip
+    # The build fails unless each compiled part imports in this image (its Python, no compiler).
+    assert pip.endswith(f"&& {IMPORT_CHECK}") and installs[1][0] == len(everything) - 1, pip
+
+
+def run_wheel_check(stages: list[Stage], wheel: Path) -> subprocess.CompletedProcess[str]:
+    program, _ = wheel_check(stages)
+    compiled_py = ROOT / "include" / "image_tfrecords" / "compiled.py"
+    return subprocess.run([sys.executable, "-c", program, str(compiled_py), str(wheel)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_wheel_check_fails_when_a_compiled_part_is_missing(tmp_path: Path) -> None:
+    """The build stage's check, run on wheels with every compiled part and with one left out."""
+    from image_tfrecords import compiled
+
+    stages = dockerfile_stages()
+    suffix = ".cpython-311-x86_64-linux-gnu.so"
+    modules = {part: module.replace(".", "/") for part, (module, _) in compiled.PARTS.items()}
+    left_out = next(iter(modules))
+    for name, parts in (("all", modules), ("one-less", {k: v for k, v in modules.items() if k != left_out})):
+        wheel = tmp_path / f"image_tfrecords-0-cp311-cp311-linux_x86_64-{name}.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr("image_tfrecords/__init__.py", "")
+            archive.writestr(f"{modules[left_out]}.c", "")  # its source is no compiled part
+            for path in parts.values():
+                archive.writestr(path + suffix, b"\x7fELF")
+        result = run_wheel_check(stages, wheel)
+        if name == "all":
+            assert result.returncode == 0, result.stderr
+        else:
+            assert result.returncode != 0 and f"the wheel lacks compiled parts: ['{left_out}']" in result.stderr
+
+
+def test_build_stage_wheel_has_every_compiled_part(tmp_path: Path) -> None:
+    """The build stage's `pip wheel` and check, here: on Linux with a C compiler this cannot skip."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not (sys.platform == "linux" and shutil.which(compiler)):
+        pytest.skip("not Linux with a C compiler")
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    patterns = dockerignore_patterns()
+    shutil.copytree(ROOT / "include", source / "include", ignore=lambda folder, names: [
+        name for name in names if dockerignored(str((Path(folder) / name).relative_to(ROOT)), patterns)])
+    stages = dockerfile_stages()
+    pip = next(line for line in stages[stage_named(stages, "build")][2] if "pip wheel" in line)
+    flags = [word for word in shell_words(pip)[shell_words(pip).index("wheel") + 1 :] if word.startswith("--")]
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", *flags, str(tmp_path / "wheels"), str(source)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheels").glob("image_tfrecords-*.whl")
+    result = run_wheel_check(stages, wheel)
+    assert result.returncode == 0, result.stderr
+
+
+def dockerignore_patterns() -> list[str]:
+    patterns = [line.strip() for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()]
+    return [pattern for pattern in patterns if pattern and not pattern.startswith("#")]
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch(prefix, pattern.strip("/")) for pattern in patterns for prefix in prefixes)
 
 
 def test_dockerignore_keeps_what_the_image_copies() -> None:
-    patterns = [line.strip() for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()]
-    patterns = [pattern for pattern in patterns if pattern and not pattern.startswith("#")]
+    patterns = dockerignore_patterns()
     assert not [pattern for pattern in patterns if pattern.startswith("!")], "keep the ignore list simple"
+    from image_tfrecords import compiled
 
-    def ignored(path: str) -> bool:
-        parts = path.split("/")
-        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        return any(fnmatch(prefix, pattern.strip("/")) for pattern in patterns for prefix in prefixes)
-
-    for path in ("requirements.txt", "pyproject.toml", "README.md", "include/image_tfrecords/__init__.py"):
-        assert not ignored(path), f".dockerignore drops {path}, which the Dockerfile copies"
+    kept = ["requirements.txt", "pyproject.toml", "README.md", "include/image_tfrecords/__init__.py"]
+    # The C sources the build stage compiles.
+    kept += [f"include/{module.replace('.', '/')}.c" for module, _ in compiled.PARTS.values()]
+    for path in kept:
+        assert (ROOT / path).is_file(), path
+        assert not dockerignored(path, patterns), f".dockerignore drops {path}, which the Dockerfile copies"
     # Local build output must not reach the image's build of the package.
-    for path in ("include/image_tfrecords.egg-info/PKG-INFO", "include/image_tfrecords/__pycache__/cli.pyc", ".venv/x"):
-        assert ignored(path), f".dockerignore should drop {path}"
+    for path in ("include/image_tfrecords.egg-info/PKG-INFO", "include/image_tfrecords/__pycache__/cli.pyc", ".venv/x",
+                 "include/image_tfrecords/images/_thumbstats.cpython-311-x86_64-linux-gnu.so"):
+        assert dockerignored(path, patterns), f".dockerignore should drop {path}"
 
 
 # ------------------------------------------------------------------------------------------ the locks
@@ -789,15 +952,23 @@ def test_docs_urls_match_published_ports(services: Services) -> None:
     assert "docker compose up --build" in text
 
 
+def test_docs_say_the_stack_runs_the_built_package() -> None:
+    from image_tfrecords import compiled
+
+    text = DOCS.read_text(encoding="utf-8")
+    assert f"{AIRFLOW_HOME}/include" not in text, "the source is not mounted"
+    for module, _ in compiled.PARTS.values():  # the compiled parts the image is checked for
+        assert f"`{module.removeprefix('image_tfrecords.').replace('.', '/')}.c`" in text, module
+    assert "after editing `include/`" in text and "docker compose build" in text
+
+
 # --------------------------------------------------------------------------- the sample-data contract
 
 
-def test_sample_command_creates_class_folders_idempotently(
-    services: Services, common: dict[str, Any], env: Env, tmp_path: Path
-) -> None:
+def test_sample_command_creates_class_folders_idempotently(services: Services, tmp_path: Path) -> None:
     """Run sample-data's command (with OUT in a temp folder) the way the container does: what
     /entrypoint's `bash` branch runs (`/bin/bash` with the arguments after `bash`), with the console
-    script on PATH and PYTHONPATH pointing at the source the container mounts there."""
+    script on PATH and no PYTHONPATH (the container runs the installed package)."""
     job = services["sample-data"]
     command = job["command"]
     script = Path(sys.executable).with_name(command[0])
@@ -810,11 +981,8 @@ def test_sample_command_creates_class_folders_idempotently(
     bash_args = entrypoint[entrypoint.index("bash") + 1 :]
     out = tmp_path / "sample"
     argv = [bash, *bash_args, *command[:-1], str(out)]
-    child_env = {
-        **os.environ,
-        "PATH": f"{script.parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT / mounted_source(common, env["PYTHONPATH"])),
-    }
+    child_env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    child_env["PATH"] = f"{script.parent}{os.pathsep}{os.environ.get('PATH', '')}"
     listings = []
     for _ in range(2):
         subprocess.run(argv, cwd=tmp_path, env=child_env, check=True, capture_output=True, timeout=300)
