@@ -4,7 +4,8 @@ Starts a local S3 server (SeaweedFS, or the one ``IMAGE_TFRECORDS_S3_ENDPOINT`` 
 ``airflow standalone`` (scheduler, DAG processor, triggerer and api-server on SQLite) with
 ``dags_folder`` at dags/, ``plugins_folder`` at plugins/ and the ``aws_default`` connection pointed at
 that server; the trigger form's defaults read sample images from .ui/sample and publish to
-``s3://datasets/image-tfrecords``. Prints the URL and how to log in, then runs until Ctrl-C (or
+``s3://datasets/image-tfrecords``. The sample images are dated a week back (``write_sample``), so that the
+scheduled run that unpausing the DAG starts sees them too. Prints the URL and how to log in, then runs until Ctrl-C (or
 SIGTERM), when it stops everything it started (by process group) and keeps .ui/ for next time.
 
 The api-server listens on 127.0.0.1 only; Airflow's log servers (scheduler, triggerer) bind every
@@ -36,10 +37,22 @@ from tools.airflow_env import AIRFLOW  # noqa: E402
 
 BUCKET = "datasets"
 START_SECONDS = 240.0
+SAMPLE_AGE_SECONDS = 7 * 24 * 3600.0
 
 
 def _step(message: str) -> None:
     print(f"==> {message}", flush=True)
+
+
+def write_sample(sample: Path) -> None:
+    """The sample images (20 per class), modified a week ago. The trigger form's "Unpause" box is ticked, and
+    unpausing makes the scheduler start the latest nightly run (02:00 UTC today or yesterday); a scheduled run
+    sees only the files modified before its logical date, so with files written a minute ago that run would
+    find no image and fail."""
+    make_sample(str(sample), per_class=20)
+    then = time.time() - SAMPLE_AGE_SECONDS
+    for path in sample.rglob("*"):
+        os.utime(path, (then, then))
 
 
 def environment(work: Path, server: seaweedfs.S3Server, ports: list[int]) -> dict[str, str]:
@@ -135,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     sample = work / "sample"
     if not sample.exists():
         _step(f"writing sample images to {sample}")
-        make_sample(str(sample), per_class=20)
+        write_sample(sample)
     server, started_server = seaweedfs.existing(), False
     if server is None:
         _step("starting SeaweedFS (S3) on 127.0.0.1")

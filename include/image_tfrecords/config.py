@@ -168,6 +168,9 @@ class BuildConfig:
         object.__setattr__(self, "columns", check_columns(self.columns))
         check_separator(self.label_separator)
         object.__setattr__(self, "quality_reject", _quality_flags(self.quality_reject))
+        for what in ("salt", "group_column"):  # a None here would hash as "None" or pass for "not set"
+            if not isinstance(getattr(self, what), str):
+                raise ConfigError(f"{what} must be a string, not {getattr(self, what)!r}")
         if self.group_column in ("filename", "label", "labels"):
             raise ConfigError(f"group_column must name another labels.csv column than {self.group_column}: a "
                               "patient, camera or source document whose images go to one split")

@@ -39,7 +39,10 @@ class Option:
     """One option. ``kind``: its JSON-schema type (``string``, ``number``, ``integer``, ``boolean``,
     ``object``). ``flag``: the command line's (None: not a flag; ``--no-X`` for a boolean that is on by
     default); ``param``: the DAG's Param name (None: no Param); ``config``: False for an option that is
-    not a ``BuildConfig`` field (``force``, the form's ``version``)."""
+    not a ``BuildConfig`` field (``force``, the form's ``version``). ``nullable``: an empty value means "not
+    set": the Param's type admits null, which is what the trigger form sends for an empty field (and a field
+    whose type does not admit null is one the form requires filled in), and a None from the form stands for
+    ``default`` (``airflow_glue.build_config``)."""
 
     name: str
     kind: str
@@ -147,11 +150,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("splits", "object", DEFAULT_SPLITS, "Splits",
            "Split name -> fraction of images; fractions must sum to 1. Changing them reassigns images.", SPLITS),
     Option("salt", "string", "", "Split salt",
-           "Seeds the split assignment; keep it fixed so images never move.", SPLITS),
+           "Seeds the split assignment; keep it fixed so images never move.", SPLITS, nullable=True),
     Option("group_column", "string", "", "Group column",
            "A labels.csv column whose value keys the split instead of the image's content hash, so that all of a "
            "patient's, camera's or source document's images land in one split (an empty cell: the content hash). "
-           "Changing it reassigns images.", SPLITS, max_length=200),
+           "Changing it reassigns images.", SPLITS, max_length=200, nullable=True),
     Option("near_duplicate_bits", "integer", 0, "Near-duplicate distance (bits)",
            "0 (default): off. N: images whose perceptual hashes differ in at most N of 63 bits are near-duplicates "
            "(re-encodes, resizes, small crops; 12 suits photos): a group of them goes to one split, and published "
@@ -170,7 +173,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("quality_reject", "string", "", "Reject images flagged",
            "Image-quality flags that reject an image (reason low_quality), comma-separated, from dark, bright, flat, "
            "blurry, grey_as_colour, tiny, odd_aspect; empty (default): flags are only reported (labels.csv "
-           "quality column, the card).", BAD_INPUT, max_length=200),
+           "quality column, the card).", BAD_INPUT, max_length=200, nullable=True),
     Option("max_file_mb", "number", 256.0, "Max file size (MB)",
            "Files larger than this are rejected (too_large) without being read.", BAD_INPUT,
            minimum=0, exclusive_minimum=True, maximum=1_000_000),
@@ -270,6 +273,6 @@ def params_table() -> str:
         shown = ("none" if value is None else str(value).lower() if isinstance(value, bool)
                  else _num(value) if isinstance(value, int | float) else
                  json.dumps(value) if isinstance(value, dict) else value or '""')
-        shown = f"`{shown}`" + (f" (or `${o.env}`)" if o.env else "")
+        shown = f"`{shown}`" + (f" (or `${o.env}`)" if o.env else "") + (", may be left empty" if o.nullable else "")
         rows.append(f"| `{o.param_name}` | {shown} | {o.help} |".replace("`|`", "`\\|`"))
     return "\n".join(rows)
