@@ -131,10 +131,12 @@ def dag_params() -> dict[str, Any]:
 
 
 def build_config(context: Mapping[str, Any]) -> config.BuildConfig:
-    """The run's ``BuildConfig``, from its params, version and snapshot time (ConfigError if invalid)."""
+    """The run's ``BuildConfig``, from its params, version and snapshot time (ConfigError if invalid).
+
+    A nullable option's None (the trigger form sends null for a field left empty) is its default, "not set"."""
     params = context["params"]
-    given = {o.name: params[o.param_name] for o in options.OPTIONS
-             if o.config and o.param_name is not None and o.param_name in params}
+    given = {o.name: options.default(o.name) if o.nullable and params[o.param_name] is None else params[o.param_name]
+             for o in options.OPTIONS if o.config and o.param_name is not None and o.param_name in params}
     return config.BuildConfig(**given, version=run_version(context), as_of=snapshot_as_of(context))
 
 
