@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import config, options
+from . import compiled, config, options
 from .published import layout
 from .storage import Storage
 
@@ -176,6 +176,7 @@ def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kw
         if not unlocked:
             locking.hold(storage, cfg.staging_uri, _lock_owner(context), locking.DAG_LEASE_SECONDS)
         storage.defer_sync(cfg.staging_uri)  # what the task staged is on disk when it succeeds: one syncfs
+        log.info(compiled.line())
         result = stage(cfg, storage, **kwargs)
         if not unlocked:
             storage.sync(cfg.staging_uri)

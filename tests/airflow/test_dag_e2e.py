@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from image_tfrecords import compiled
 from image_tfrecords.images.sample import make_sample
 from image_tfrecords.storage import Storage
 from tests.support import assert_matches_source
@@ -63,6 +64,7 @@ def test_dag_publishes_to_s3_reruns_identically_and_builds_incrementally(
     first = dags_test(airflow_env, s3_server, "2026-11-01T02:00:00+00:00", conf)
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
     assert "rendered_map_index='train-00000-of-" in first.stdout + first.stderr
+    assert compiled.line() in first.stdout + first.stderr  # each task's log names the compiled parts it ran
 
     root = f"s3://{bucket}/datasets/shapes"
     manifest, splits = read_version(s3_storage, f"{root}/20261101T020000Z")
