@@ -25,7 +25,8 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 # deals whole modules to two processes in collection order, so these start first and the short
 # ones fill in around them, instead of one long module starting last on one process.
 SLOW_MODULES = ("test_stack", "test_dag_e2e", "test_readers_from_pip", "test_faults", "test_bench_smoke",
-                "test_stack_celery", "test_incremental", "test_browser", "test_trigger_form", "test_publish_gate_dag")
+                "test_stack_celery", "test_incremental", "test_browser", "test_trigger_form", "test_publish_gate_dag",
+                "test_demo")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from image_tfrecords import cli, stages
 from image_tfrecords.published import layout
-from image_tfrecords.records.tfds_metadata import tfds_metadata_files
+from image_tfrecords.stages.publish import manifest_files
 from image_tfrecords.staging import PLAN, staged
 from image_tfrecords.storage import Storage, join
 from image_tfrecords.storage.documents import read_json
@@ -63,7 +63,8 @@ def assert_exactly_the_manifest(storage: Storage, version_uri: str) -> dict[str,
     found = files_of(storage, version_uri)
     others = [f for f in found if f not in expected]
     assert set(found) >= expected
-    layout_files = LAYOUT_FILES | set(tfds_metadata_files(manifest))
+    assert layout.LABEL_MAP in found  # every version has TF-slim's label file
+    layout_files = LAYOUT_FILES | set(manifest_files(manifest))
     assert [f for f in others if f not in layout_files and not f.startswith("card/")] == []
     globbed = [f for f in found if SHARD.fullmatch(f)]
     assert sorted(globbed) == sorted(shards)
@@ -85,16 +86,17 @@ KILLER = textwrap.dedent("""
     from image_tfrecords import stages
     from image_tfrecords.config import BuildConfig
     from image_tfrecords.storage.documents import read_json
+    from image_tfrecords.published.manifest import Manifest
     from image_tfrecords.staging import CARD_INDEX, MANIFEST, staged
     from image_tfrecords.storage import Storage
-    from image_tfrecords.records.tfds_metadata import tfds_metadata_files
+    from image_tfrecords.stages.publish import manifest_files
 
     cfg = BuildConfig(**json.loads(sys.argv[1]))
     manifest = read_json(Storage(), staged(cfg, MANIFEST))
     shards = sum(len(split["shards"]) for split in manifest["splits"].values())
     # each shard and its index, the card's files, labels.csv, rejects.csv, inspected.csv and near_duplicates.csv
     copies = 2 * shards + len(read_json(Storage(), staged(cfg, CARD_INDEX))) + 4
-    tfds = len(tfds_metadata_files(manifest))
+    tfds = len(manifest_files(Manifest.parse(manifest)))  # TFDS's metadata and labels.txt
     steps = {"first copy": 1, "half the copies": copies // 2, "every copy": copies, "TFDS metadata": copies + 1,
              "manifest": copies + tfds + 1, "_SUCCESS": copies + tfds + 2, "latest.json": copies + tfds + 3,
              "staging removed": copies + tfds + 4, "never": -1}
@@ -153,7 +155,7 @@ def publish_killed_at(tmp_path: Path, source: str, dest: str, version: str, step
 def test_a_killed_publish_rerun_on_a_changed_source_holds_exactly_its_manifest(
         where: tuple[Storage, str, str | None], tmp_path: Path) -> None:  # noqa: F811
     """Kill the publish of a version after each kind of write (the first shard copy, half the copies, all
-    of them, TFDS's metadata, the manifest, ``_SUCCESS``, ``latest.json``, the staging's removal); before
+    of them, TFDS's metadata and labels.txt, the manifest, ``_SUCCESS``, ``latest.json``, the staging's removal); before
     ``_SUCCESS``, change the source so that the shard count changes; build the version again: its folder
     holds the new manifest's files and nothing else (no shard of the first attempt's count, no temporary,
     no copy that landed late), and ``latest.json`` names it."""

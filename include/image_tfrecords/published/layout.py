@@ -7,6 +7,7 @@
             {split}-{i:05d}-of-{n:05d}.tfindex         record offsets per shard (PyTorch's ``tfrecord``)
             manifest.json           our manifest (``dataset_info.json`` in versions before 0.2)
             dataset_info.json, features.json           TFDS metadata (uncompressed versions)
+            labels.txt              "id:name" per class id: TF-slim's label file (``label_map``)
             labels.csv, rejects.csv, card.md, card.html, card/
             _SUCCESS                written last: a version without it is not published
         _staging/VERSION/           a build in progress (never read by readers)
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +32,7 @@ MANIFEST = "manifest.json"
 LEGACY_MANIFEST = "dataset_info.json"  # our manifest's name before TFDS's metadata took it
 TFDS_FEATURES = "features.json"  # beside TFDS's dataset_info.json: that name is TFDS's, not our manifest
 SUCCESS, LATEST, LABELS, REJECTS = "_SUCCESS", "latest.json", "labels.csv", "rejects.csv"
+LABEL_MAP = "labels.txt"  # TF-slim's label file (its dataset_utils.LABELS_FILENAME): one "id:name" line per class
 STAGING = "_staging"
 INSPECTED = "inspected.csv"  # what inspection learned of every file it read: the next build reuses it
 NEAR_DUPLICATES = "near_duplicates.csv"  # the records in a near-duplicate group: filename, label, split, group, sha256
@@ -56,6 +58,16 @@ def index_file(shard: str) -> str:
     if not match:
         raise ValueError(f"not a shard file name: {shard}")
     return shard[: match.end("count")] + INDEX_SUFFIX
+
+
+def label_map(classes: Sequence[str]) -> bytes | None:
+    """``labels.txt`` for ``classes`` (the manifest's, index == class id): ``f"{id}:{name}\\n"`` per id in
+    order, UTF-8, as TF-slim's ``dataset_utils.write_label_file`` writes it and its ``read_label_file`` reads
+    it (lines split at ``\\n``, each at its first ``:``). None when a name holds a line break, which that
+    format cannot carry."""
+    if any("\n" in name for name in classes):
+        return None
+    return "".join(f"{label}:{name}\n" for label, name in enumerate(classes)).encode()
 
 
 def version_name(when: datetime) -> str:

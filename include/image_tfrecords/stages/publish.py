@@ -32,7 +32,8 @@ from ..storage.documents import read_json
 @summarized
 def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREADS) -> dict[str, Any]:
     """Copy the validated build to ``DEST/DATASET/VERSION/``: shards and their ``.tfindex`` files, the
-    card, labels.csv, rejects.csv, inspected.csv, TFDS's metadata, ``manifest.json``; remove whatever else
+    card, labels.csv, rejects.csv, inspected.csv; write the files made from the staged manifest (TFDS's
+    metadata, labels.txt: ``manifest_files``); then ``manifest.json``; remove whatever else
     the folder holds (what an interrupted earlier attempt at this version left); then ``_SUCCESS`` (the
     manifest's SHA-256), then move ``latest.json`` forward. Rerunning it after success changes nothing.
 
@@ -59,7 +60,11 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
     with ProgressLog(f"publish {cfg.version}", len(copies), "files") as done:  # nothing is visible until _SUCCESS
         for _ in ordered_map(lambda copy: storage.copy(*copy), copies, threads):
             done(1)
-    for name, data in sorted(tfds_metadata_files(manifest).items()):
+    files = manifest_files(manifest)
+    if layout.LABEL_MAP not in files:
+        log.warning("publish: version %s has no %s: a class name holds a line break, which its id:name lines "
+                    "cannot carry", cfg.version, layout.LABEL_MAP)
+    for name, data in sorted(files.items()):
         storage.write_bytes(join(final, name), data)
     storage.copy(staged_manifest, join(final, layout.MANIFEST))
     _remove_strays(storage, final, _published_names(final, copies, manifest))
@@ -67,6 +72,15 @@ def publish_stage(cfg: BuildConfig, storage: Storage, threads: int = COPY_THREAD
     storage.sync(cfg.staging_uri)  # staged files whose fsync was deferred, now also the version's: on disk first
     storage.write_bytes(join(final, layout.SUCCESS), (manifest_sha + "\n").encode())
     return _finish(cfg, storage, manifest, already=False)
+
+
+def manifest_files(manifest: Manifest) -> dict[str, bytes]:
+    """The files of a version made from its manifest alone, by name: TFDS's metadata (``tfds_metadata_files``)
+    and ``labels.txt`` (``layout.label_map``; none when a class name holds a line break)."""
+    files = tfds_metadata_files(manifest)
+    if (labels := layout.label_map(manifest.classes)) is not None:
+        files[layout.LABEL_MAP] = labels
+    return files
 
 
 def _copies(cfg: BuildConfig, storage: Storage, manifest: Manifest) -> list[tuple[str, str, str | None]]:
@@ -85,11 +99,11 @@ def _copies(cfg: BuildConfig, storage: Storage, manifest: Manifest) -> list[tupl
 
 
 def _published_names(final: str, copies: list[tuple[str, str, str | None]], manifest: Manifest) -> set[str]:
-    """Every file of the published version at ``final`` (its ``copies``, TFDS's metadata, the manifest and
+    """Every file of the published version at ``final`` (its ``copies``, ``manifest_files``, the manifest and
     ``_SUCCESS``), relative to its folder."""
     prefix = final + "/"
     return ({published[len(prefix):] for _, published, _ in copies}
-            | set(tfds_metadata_files(manifest)) | {layout.MANIFEST, layout.SUCCESS})
+            | set(manifest_files(manifest)) | {layout.MANIFEST, layout.SUCCESS})
 
 
 def _remove_strays(storage: Storage, final: str, names: set[str]) -> None:
