@@ -41,7 +41,7 @@ def test_options_decide_shard_reuse_and_metadata_changes_rewrite(tmp_path: Path)
 
     resized = _build(source, dest, "v2", "--columns", "weight=float", "--resize", "longest:16", "--force")
     assert resized["build"]["mode"] == "full"
-    assert "image options changed" in resized["build"]["full_because"]
+    assert resized["build"]["full_because"] == "resize changed since version v1"
     assert resized["params"]["resize"] == "longest:16"
     frame = labels(str(dest / "d" / "v2"))  # the records the writer made have no encoded size in labels.csv
     assert str(frame["encoded_bytes"].dtype) == "Int64" and frame["encoded_bytes"].isna().all()

@@ -73,3 +73,26 @@ def test_the_params_table_lists_every_param_once() -> None:
     names = [line.split("`")[1] for line in table[2:]]
     assert names == [o.param_name for o in options.OPTIONS if o.param_name is not None]
     assert all(line.count(" | ") == 2 for line in table[2:])  # three cells: no unescaped "|" inside
+
+
+def test_every_option_says_what_it_changes_in_a_build() -> None:
+    """``effect`` has no default (an option must say) and takes one of ``EFFECTS``; shard reuse reads it."""
+    with pytest.raises(TypeError, match="effect"):
+        options.Option("x", "string", "", "X", "An option.", options.BUILD)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="option x: effect 'bytes' is not one of records, split, shards"):
+        options.Option("x", "string", "", "X", "An option.", options.BUILD, effect="bytes")  # type: ignore[arg-type]
+    assert {o.effect for o in options.OPTIONS} == set(options.EFFECTS)
+    assert [o.name for o in options.OPTIONS if o.rebuilds] == [
+        "splits", "salt", "group_column", "shard_size_mb", "compression", "resize", "fit", "upscale", "encoding",
+        "jpeg_quality", "channels", "columns", "label_separator"]
+
+
+def test_a_manifest_from_before_an_option_recorded_its_default() -> None:
+    from image_tfrecords.published.manifest import Manifest
+    from image_tfrecords.rules.base_version import recorded
+
+    plain = {"version": "v1", "num_records": 0, "classes": [], "splits": {}}
+    old = Manifest.parse({**plain, "params": {"splits": {"train": 1.0}, "salt": "s", "shard_size_mb": 5}})
+    assert [recorded(old, name) for name in ("salt", "group_column", "compression", "resize", "columns")] == \
+        ["s", "", "none", "none", {}]
+    assert recorded(Manifest.parse(plain), "salt") is None  # no params at all: nothing to compare with

@@ -9,7 +9,8 @@ older than it). A build reuses
   the base was inspected by this release, from the same source, with the same ``max_file_mb`` and
   ``max_pixels``;
 * the base's shards whose records are all still present and unchanged, when the base was built
-  with the same splits, salt, compression and shard size.
+  with the same record features and the same value of every option that rebuilds shards (an
+  ``effect`` in ``options.REBUILDS``: image options, columns, splits, salt, shard size, compression...).
 
 ``--full`` (CLI) or ``full_rebuild`` (DAG) turns both off. Lookups are hash joins on 128-bit digests
 of the keys (the base's rows wait in a temporary file), so memory holds about 100 bytes per file.
@@ -22,12 +23,14 @@ import hashlib
 import mmap
 import os
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..config import BuildConfig, measures_png
+from ..images.transform import FILTER, ImageOptions
+from ..options import OPTIONS, default
 from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
@@ -95,28 +98,39 @@ def why_not_reuse_inspection(cfg: BuildConfig, base: Base | None) -> str:
 
 def why_not_reuse_shards(cfg: BuildConfig, base: Base | None, schema: RecordSchema) -> str:
     """Why the base's shards cannot be taken over (``""`` when they can): records of ``schema`` made by
-    ``cfg``'s image options."""
+    ``cfg``, whose options that rebuild shards (``Option.rebuilds``) must have the values the base records."""
     if base is None:
         return "full rebuild asked for" if cfg.full else "no previous version"
-    params = base.manifest.params
     if not base.build:
         return f"version {base.version} predates shard reuse (its labels.csv does not name shards)"
     if base.manifest.features != schema.features():
         return f"version {base.version} has other record features"
-    if base.manifest.image_options != cfg.image_options.describe():
-        return f"image options changed since version {base.version}"
-    if (base.manifest.columns, base.manifest.separator) != (cfg.columns, cfg.label_separator):
-        return f"columns or label_separator changed since version {base.version}"
-    for name in ("splits", "salt", "shard_size_mb"):
-        if params.get(name) != getattr(cfg, name):
-            return f"{name} changed since version {base.version}"
-    if params.get("group_column", "") != cfg.group_column:
-        return f"group_column changed since version {base.version}"
-    if base.manifest.compression != cfg.compression:
-        return f"compression changed since version {base.version}"
+    if base.manifest.image_options.get("filter") != FILTER:
+        return f"the resize filter changed since version {base.version}"
+    for option in OPTIONS:
+        if option.rebuilds and recorded(base.manifest, option.name) != getattr(cfg, option.name):
+            return f"{option.name} changed since version {base.version}"
     if not base.build.get("record_positions"):
         return f"version {base.version} predates spliced shards (its labels.csv does not give each record's place)"
     return ""
+
+
+# Where a manifest records an option outside its ``params`` (the field that readers of old versions know)
+_RECORDED: dict[str, Callable[[Manifest], Any]] = {
+    "compression": lambda manifest: manifest.compression,
+    "columns": lambda manifest: dict(manifest.columns),
+    "label_separator": lambda manifest: manifest.separator,
+    **{f.name: (lambda manifest, name=f.name: manifest.image_options.get(name)) for f in fields(ImageOptions)},
+}
+
+
+def recorded(manifest: Manifest, name: str) -> Any:
+    """The value of option ``name`` that a published version was built with, as its manifest records it. An
+    option its ``params`` do not name is newer than the version: it had its default (None where the version
+    records no params at all)."""
+    if name in _RECORDED:
+        return _RECORDED[name](manifest)
+    return manifest.params.get(name, default(name)) if manifest.params else None
 
 
 def missing_base_files(storage: Storage, base: Base) -> str:

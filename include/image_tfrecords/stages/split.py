@@ -15,6 +15,7 @@ from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.quality import FLAGS, parse_flags
 from ..images.transform import planned_bytes, planned_facts, too_big
+from ..options import OPTIONS, default
 from ..progress import log, summarized
 from ..published import layout
 from ..published.layout import NEAR_DUPLICATES_FIELDS
@@ -81,7 +82,6 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     class_ids = {name: i for i, name in enumerate(classes)}
     per_split: dict[str, Counter[str]] = {name: Counter() for name in cfg.splits}
     reasons: Counter[str] = Counter()
-    opts = cfg.image_options
     fields = record_fields(cfg)
     reject_flags = set(cfg.quality_reject.split(",")) - {""}
     flagged: Counter[str] = Counter()  # quality flag -> records stored with it
@@ -97,17 +97,11 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                     reasons[row["reason"]] += 1
         run = _Run(cfg, col, fields, resolver, published, placement, class_ids, labels, rejects, near, reasons,
                    per_split, flagged)
-        try:
-            if multi or cfg.columns or cfg.group_column or reject_flags or placement.split or placement.group or \
-                    placement.rejected or not opts.is_default or not set(fields) <= {*col, "label_id", "split"}:
-                raise Quoted("records that are not their images' rows reordered: row by row")
-            with blocks(storage, inspected, header) as table:
-                for part in table:
-                    _block_records(run, part)
-        except Quoted:
+        as_columns = columnar_ok(cfg, multi, placement, fields, col)
+        if not (as_columns and _staged_as_columns(run, storage, inspected, header)):
             with list_rows(storage, inspected) as rows:
                 if {name: i for i, name in enumerate(rows.fieldnames or ())} != col:  # (reads the header)
-                    raise BuildError(f"{inspected} changed while it was read") from None
+                    raise BuildError(f"{inspected} changed while it was read")
                 _rows_records(run, rows, metadata, group_of, multi, sep, reject_flags)
     summary = {"classes": classes, "multi_label": multi, "previous_version": previous,
                "source_fingerprint": found["fingerprint"],
@@ -129,6 +123,38 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                          f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {staged(cfg, REJECTS)}")
     return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
         "num_classes": len(classes)}
+
+
+# The options the columnar path is right for at any value: splits and salt (``_block_records`` implements them),
+# the near-duplicate search (through ``placement``, checked apart) and those that act before this stage. Any
+# other option acting on records (``effect`` records, split or selection) must have its default there: a new
+# one is staged row by row until it is added here.
+COLUMNAR_OPTIONS = frozenset({"splits", "salt", "source", "as_of", "max_file_mb", "max_pixels", "modern_formats",
+                              "near_duplicate_bits", "near_duplicate_labels"})
+
+
+def columnar_ok(cfg: BuildConfig, multi: bool, placement: Placement, fields: tuple[str, ...],
+                col: dict[str, int]) -> bool:
+    """Whether each record is its image's images.csv row with its fields reordered, the label's id and the split
+    set (``_block_records``): a single-label build without near-duplicate groups, whose records' fields images.csv
+    has, and whose options acting on records are those ``COLUMNAR_OPTIONS`` names or at their defaults."""
+    if multi or placement.split or placement.group or placement.rejected or \
+            not set(fields) <= {*col, "label_id", "split"}:
+        return False
+    return all(getattr(cfg, o.name) == default(o.name) for o in OPTIONS
+               if o.config and o.effect in ("records", "split", "selection") and o.name not in COLUMNAR_OPTIONS)
+
+
+def _staged_as_columns(run: _Run, storage: Storage, inspected: str, header: str) -> bool:
+    """Stage the records block by block (``_block_records``); False, with nothing staged, when images.csv holds a
+    quoted field (``blocks`` says so before any block)."""
+    try:
+        with blocks(storage, inspected, header) as table:
+            for part in table:
+                _block_records(run, part)
+    except Quoted:
+        return False
+    return True
 
 
 @dataclass
