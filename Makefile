@@ -11,8 +11,7 @@ install: $(STAMP)
 # requirements-dev.txt is the complete lock (runtime pins included), every file hash-checked;
 # the package itself goes in by a second call, as it has no hash to check.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml include/image_tfrecords/images/_thumbstats.c \
-		include/image_tfrecords/source/_lstat.c include/image_tfrecords/storage/_spanmap.c \
-		include/image_tfrecords/storage/_sha256x2.c
+		include/image_tfrecords/source/_lstat.c include/image_tfrecords/storage/_spanmap.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.txt

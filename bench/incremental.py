@@ -31,10 +31,9 @@ def shard_files(version: Path) -> list[Path]:
 def page_cache(paths: Iterable[Path], cached: bool) -> None:
     """Read each file of ``paths`` once (``cached``), or drop its pages from the page cache (where the system can).
 
-    A splice drops its base shard's pages once it has copied them (``shards.splice._drop_cached``): a repeat of
-    the same night on hard links of the same base would otherwise read a base the run before it evicted, where
-    the first run (like a night after the one that wrote its base) finds it cached. The cold base is measured on
-    its own (after a reboot, or on a machine whose page cache is too small to keep the last version)."""
+    Each repeat of the same night starts from the base cached, as the first run (like a night after the one
+    that wrote its base) finds it. The cold base is measured on its own (after a reboot, or on a machine whose
+    page cache is too small to keep the last version)."""
     for path in paths:
         with open(path, "rb", buffering=0) as f:
             if cached:
@@ -256,12 +255,6 @@ def write_rates(shards: list[Path], work: Path, threads: int = 2) -> dict[str, f
             "threads": threads}
 
 
-def proven_ahead(stdout: str) -> str:
-    """"N of M" from a build's summary line on the base shards its prover proved beside the metadata stages."""
-    marker = "base shards proven ahead (beside the metadata stages): "
-    return next((line.split(marker, 1)[1].strip() for line in stdout.splitlines() if marker in line), "none")
-
-
 def shard_total(manifest: dict[str, Any]) -> int:
     return sum(len(split["shards"]) for split in manifest["splits"].values())
 
@@ -351,7 +344,7 @@ def incremental_nights(images: int, work: Path, synthetic: bool, shard_size_mb: 
         "incremental": {"seconds": incremental.seconds, "rss_mb": incremental.rss_mb, "build": m2["build"],
                         "all_seconds": [run.seconds for run in runs_of["incremental"]],
                         "shards": shard_total(m2), "written": written_bytes(v2, v1),
-                        "stages": stage_seconds(incremental.stdout), "proven_ahead": proven_ahead(incremental.stdout)},
+                        "stages": stage_seconds(incremental.stdout)},
         "cold_base": {"seconds": cold.seconds, "stages": stage_seconds(cold.stdout)},
         "full": {"seconds": full.seconds, "rss_mb": full.rss_mb, "build": mf["build"], "shards": shard_total(mf),
                  "all_seconds": [run.seconds for run in runs_of["full"]],
@@ -494,7 +487,7 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("records parsed: incremental / full (added and changed images)",
             lambda r: f"{r['incremental']['build'].get('records_parsed', '?')} / "
                       f"{r['full']['build'].get('records_parsed', '?')} ({new_images(r)})"),
-        row("MB of base shards read by a worker (hashed there unless proven ahead): incremental",
+        row("MB of base shards read by a worker (their kept records checked there): incremental",
             lambda r: mb(r["incremental"]["build"].get("base_bytes_read", 0))),
         row("MB of shards kept from base shards as bytes / copied by the kernel or the store / written by a worker: "
             "incremental",
@@ -514,8 +507,6 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
             lambda r: f"{r['disk_mb_per_s']:.0f} MB/s; "
                       f"{r['incremental']['build'].get('bytes_kept', 0) / 1e6 / r['disk_mb_per_s']:.1f} s"
             if "disk_mb_per_s" in r else "not measured"),
-        row("base shards proven ahead (hashed beside the metadata stages): incremental",
-            lambda r: r["incremental"].get("proven_ahead", "not recorded")),
         row("this machine: SHA-256 GB per CPU-second / kernel copy GB per CPU-second (GB/s, 2 threads); CPU-seconds "
             "to hash the bases read and the kept bytes and to copy them at those rates, over the builds' cores",
             lambda r: _write_floor(r) if "write_rates" in r else "not measured"),
@@ -542,21 +533,14 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         "temporary files (member lists, receipts) are not counted. Records parsed, MB of base shards "
         "read, kept, copied and written: the manifest's `build` (`records_parsed`, `base_bytes_read`, `bytes_kept`, "
         "`bytes_copied`, `bytes_written`). A spliced shard is its base shard's kept byte ranges plus its new records; "
-        "locally the kept ranges are copied by the kernel (`os.copy_file_range`) where the file system shares blocks "
-        "or copies on a server (XFS, btrfs, NFS), and written by the worker from the pass that hashes them where "
-        "it would copy page by page (ext4, tmpfs: then `bytes_copied` is 0), on S3 copied by the store (a run "
-        "shorter than a part may be uploaded); the base is read once, to prove its SHA-256 and to take the new "
-        "shard's, then dropped from the page cache. A base shard proven ahead (the CLI summary's \"base shards proven "
-        "ahead\": hashed in the pool's processes, `--workers` - 1 jobs at a time, two shards a job as two SHA-256 "
-        "streams of one pass, while inspect's join, split and plan keep one core busy) is not hashed again: the "
-        "splice hashes only the new shard; once discovery has listed the source, a base that loses records is "
-        "proven and its predicted kept runs written and hashed in the same pass (\"kept bytes of N copied "
-        "ahead\"), and a splice that takes such a copy neither copies nor hashes them again (those bytes count as "
-        "written by a worker). This machine's rates: SHA-256 of the base "
+        "locally the worker reads the kept ranges once, checks each kept record's framing and CRC32Cs, takes the "
+        "new shard's SHA-256 and writes them in that one pass (`bytes_copied` is 0); on S3 the store copies them "
+        "(a run shorter than a part may be uploaded) from a base the worker downloaded and checked. This "
+        "machine's rates: SHA-256 of the base "
         "version's shards on one thread, and `os.copy_file_range` of them into new files two at a time, in GB "
         "per CPU-second of user and system time, measured after night 2 on night01's shards from the page cache; "
-        "the CPU-seconds are the night's hashing (`base_bytes_read` + `bytes_kept`; a splice of a base proven ahead "
-        "resumes from the prover's saved SHA-256 state, so less than that) and copying or writing (`bytes_kept`) at "
+        "the CPU-seconds are the night's hashing (`base_bytes_read` + `bytes_kept`, an upper bound: the base's kept "
+        "bytes are checked by CRC32C, cheaper than SHA-256) and copying or writing (`bytes_kept`) at "
         "those rates, divided by the builds' `--workers` cores: about what the write stage of this design costs "
         "here. Stage "
         "seconds are the CLI summary's, per row of the version's labels.csv.", "",

@@ -20,18 +20,13 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    new shards (a full rebuild when the `full_rebuild`
    param is set, when splits, salt, shard size or compression changed, or to compact once there
    would be more than 1.5x the shards of a full build). Unchanged files are not read again:
-   **plan_inspection** takes over the previous version's `inspected.csv` rows for them. Beside steps
-   2 to 4, **prove_base** hashes the previous version's shards (on the core those steps leave idle)
-   until the plan is staged, and stages a proof for each that matches its manifest's SHA-256: the
-   reuse and write tasks that find the very file proven (same device, inode, size and times) do not
-   hash it again, the others hash it as before (they never wait for this task, and it never fails
-   the run);
+   **plan_inspection** takes over the previous version's `inspected.csv` rows for them;
 5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
    against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
    shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
    shard's records are made on all of its worker's cores), and re-reads each new one from the store
    to check it (CRCs, schema, each record against its planned row, checksums); a spliced shard is
-   checked while it is made (the previous shard's SHA-256 and framing, its new records in full). The form's *Images and
+   checked while it is made (each kept record's framing and CRCs, its new records in full). The form's *Images and
    features* params change what a record stores: `resize` (with `fit`, `upscale`), `encoding`
    (`original`, `jpeg` at `jpeg_quality`, `png`, `raw` pixels), `channels`, labels.csv `columns` as
    typed features, and the `label_separator` of a multi-label `labels` column; each changed image is
@@ -165,16 +160,6 @@ def image_tfrecords() -> None:
         get_current_context()["chunk_label"] = result["label"]
         return result
 
-    # Nothing downstream, so a failure would fail the run: the stage never raises (a task killed under it is
-    # retried: a retry after the plan is staged, or after the staging went, does nothing). First in line for a slot.
-    @task(execution_timeout=timedelta(hours=1), priority_weight=100, weight_rule="absolute")
-    def prove_base() -> dict[str, Any]:
-        """Hash the previous version's shards beside inspection, split and plan, until the plan is staged: the
-        reuse and write tasks do not hash again the ones proven (and do not wait for this task)."""
-        from image_tfrecords import stages
-
-        return _run(stages.prove_stage)
-
     @task
     def split(inspected: list[dict[str, Any]]) -> dict[str, Any]:
         """Merge the chunks' rows; resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
@@ -262,7 +247,7 @@ def image_tfrecords() -> None:
     found = discover()
     chunks = plan_inspection()
     changed = source_changed(found)
-    changed >> [chunks, prove_base()]
+    changed >> chunks
     shard_tasks = plan(split(inspect_images.expand(chunk=chunks)))
     validated = validate(reuse_shards(shard_tasks))
     write_shards.expand(task_index=shard_tasks) >> validated

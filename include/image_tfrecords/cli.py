@@ -192,9 +192,6 @@ def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: 
     lines.append("  " + gate_line(manifest))
     if result.get("stage_seconds"):
         lines.append("  stages: " + ", ".join(f"{name} {t:.2f} s" for name, t in result["stage_seconds"].items()))
-    if (ahead := result.get("proven_ahead", {})).get("of"):
-        lines.append(f"  base shards proven ahead (beside the metadata stages): {ahead['proven']} of {ahead['of']}"
-                     + (f"; kept bytes of {ahead['copied']} copied ahead" if ahead.get("copied") else ""))
     lines.append(f"  {manifest.num_records} records, {manifest.num_bytes / 1e6:.1f} MB in {seconds:.1f} s "
                  f"({manifest.num_records / max(seconds, 1e-9):.0f} images/s); latest is {result['latest']}")
     return "\n".join(lines)

@@ -65,7 +65,6 @@ def test_task_graph(dag_info: dict) -> None:
     tasks = dag_info["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
         "discover": [], "source_changed": ["discover"], "plan_inspection": ["source_changed"],
-        "prove_base": ["source_changed"],
         "inspect_images": ["plan_inspection"], "split": ["inspect_images"], "plan": ["split"], "reuse_shards": ["plan"],
         "write_shards": ["plan"], "validate": ["reuse_shards", "write_shards"], "card": ["validate"],
         "gate": ["card"], "approval": ["gate"], "publish": ["approval", "gate"], "discard_rejected": ["approval"],

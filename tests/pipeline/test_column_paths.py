@@ -30,7 +30,7 @@ def _staged_tables(cfg: BuildConfig, storage: Storage) -> dict[str, str]:
     """Each staged file of the metadata stages (not the shards' work) and its SHA-256."""
     root = Path(cfg.staging_uri)
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.parts[len(root.parts)] not in ("shards", "proofs")}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.parts[len(root.parts)] != "shards"}
 
 
 def _stage_night(cfg: BuildConfig, storage: Storage) -> dict[str, str]:

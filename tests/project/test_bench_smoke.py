@@ -33,7 +33,7 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert {task for task, _, _ in data["xcoms"]} >= {"discover", "plan", "write_shards", "publish"}
     assert sorted(data["scale"]) == ["30", "60"]
     for report in data["scale"].values():
-        assert list(report["stages"]) == ["discover", "source_changed", "prove_base", "plan_inspection",
+        assert list(report["stages"]) == ["discover", "source_changed", "plan_inspection",
                                           "inspect_images", "split",
                                           "plan", "reuse_shards", "write_shards", "validate", "card", "gate",
                                           "publish", "clean_stale_staging"]  # the DAG's tasks, from the DAG

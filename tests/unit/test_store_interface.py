@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle
@@ -269,13 +270,35 @@ def test_deferred_writes_skip_their_fsync_and_sync_makes_them_durable(tmp_path: 
 
 
 def test_syncfs_runs_on_this_file_system(tmp_path: Path) -> None:
-    from image_tfrecords.storage.writeback import syncfs
+    from image_tfrecords.storage.local import syncfs
 
     (tmp_path / "f").write_bytes(b"x")
     syncfs(str(tmp_path))  # a folder
     syncfs(str(tmp_path / "f"))  # a file
     with pytest.raises(FileNotFoundError):
         syncfs(str(tmp_path / "missing"))
+
+
+def test_a_failing_syncfs_raises_naming_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error writing back the staged files (``syncfs`` returns -1 with EIO) fails the sync naming the folder:
+    never an ``os.sync`` that reports nothing."""
+    import ctypes
+
+    from image_tfrecords.storage import local
+
+    def failing(fd: int) -> int:
+        ctypes.set_errno(errno.EIO)
+        return -1
+
+    if local._syncfs() is None:
+        pytest.skip("no syncfs in this C library")
+    monkeypatch.setattr(local, "_syncfs", lambda: failing)
+    monkeypatch.setattr(os, "sync", lambda: pytest.fail("os.sync was called"))
+    storage = Storage()
+    storage.defer_sync(str(tmp_path))
+    with pytest.raises(OSError, match="syncfs failed") as raised:
+        storage.sync(str(tmp_path))
+    assert raised.value.errno == errno.EIO and raised.value.filename == str(tmp_path)
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])

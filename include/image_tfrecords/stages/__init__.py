@@ -1,7 +1,6 @@
 """The pipeline's stages, in order: the one definition the DAG, the command line and the benchmark use.
 
     discover -> inspect (plan_inspection, inspect_chunk per chunk, gather_inspection) -> split -> plan
-                (beside them: prove, hashing the previous version's shards ahead)
              -> reuse (copy the previous version's kept shards)
              -> write (one per shard: write, then check) -> validate -> card -> gate -> publish
 
@@ -30,11 +29,8 @@ from typing import Any
 
 from ..config import BuildConfig
 from ..errors import BuildError, GateTripped
-from ..parallel import preload
-from ..published import layout
 from ..rules.publish_gate import TRIPPED
 from ..shards.checks import validate_shard
-from ..shards.proofs import Prover
 from ..shards.writer import write_shard
 from ..staging import (
     DISCOVER_REJECTS,
@@ -56,7 +52,6 @@ from .card import card_facts, card_stage
 from .discover import discard_stage, discover_stage
 from .gate import approve_gate, gate_stage
 from .inspect import (
-    INSPECTION_MODULES,
     chunk_label,
     gather_inspection,
     inspect_chunk,
@@ -65,7 +60,6 @@ from .inspect import (
     plan_inspection,
 )
 from .plan import all_shards, plan_stage, task_shards
-from .prove import prove_stage
 from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
@@ -100,7 +94,6 @@ __all__ = [
     "inspect_stage",
     "plan_inspection",
     "plan_stage",
-    "prove_stage",
     "publish_stage",
     "reuse_shard",
     "reuse_stage",
@@ -130,10 +123,10 @@ class Stage:
     per_image: bool = False
 
 
-PREPARE_WORKERS = 4  # from this many processes on, a night copies its kept bytes ahead (shards.prepare)
-# from a base of this many records on, the prover starts with discovery: its listing (0.8 s at 100,000 files here)
-# then hides base shards' hashing, where at 6,000 (0.05 s) starting the pool first cost an unchanged night 0.08 s
-EARLY_PROVER_RECORDS = 20_000
+CARD_IN_POOL_WORKERS = 4  # from this many processes on, the card's pass over the rows runs in the pool
+# The base prover (its DAG task prove_base) is gone (issue 49); airflow_glue.run_stage still tests a stage against
+# this name to skip its lock. No stage is None: remove both together when that module is next edited.
+prove_stage = None
 
 PIPELINE: tuple[Stage, ...] = (
     Stage("discover", discover_stage),
@@ -149,19 +142,6 @@ PIPELINE: tuple[Stage, ...] = (
 )
 
 ProgressFactory = Callable[[str, int], AbstractContextManager[Progress]]
-
-
-def _start_prover(prover: Prover, pool: Executor, workers: int, stack: contextlib.ExitStack,
-                  predict: bool = False) -> Prover:
-    """``prover`` started in ``pool`` (``workers`` - 1 jobs at a time: a process is left for inspection's files)
-    and stopped at the end of ``stack`` whatever happens; ``predict``: its jobs start from the prediction of the
-    kept runs (after discovery)."""
-    stack.callback(prover.drop_prepared)  # (last: after ``cancel`` has waited for the copies in hand)
-    stack.callback(prover.cancel)
-    if prover.shards:  # its first task forks the pool: what inspection imports, imported before (a pool that
-        # imports Pillow itself holds inspection up: measured, 0.25 s on 16 cores)
-        preload(*INSPECTION_MODULES)
-    return prover.start(pool, max(1, workers - 1), predict)
 
 
 @contextlib.contextmanager
@@ -184,34 +164,17 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     made durable together, by the publish (``Storage.defer_sync``). When the publish
     gate trips (and ``cfg.accept_gate`` is off), raises ``GateTripped`` with its report: nothing is published,
     the staging is kept (a rerun of the version with ``accept_gate`` reuses its finished shards). The result
-    (publish's) also gives ``stage_seconds``, ``gate`` (the verdict) and ``proven_ahead`` (``{"proven", "of"}``, and
-    ``"copied"`` where kept bytes were copied ahead).
-
-    With a pool, from the start of discovery, a ``shards.proofs.Prover`` hashes the base version's shards in the
-    pool's processes (all but one) while discovery, inspect's join, split and plan (passes over every row, on one
-    core) leave the other cores idle (after discovery, one of the base it found replaces it where that is another);
-    once discovery has listed the source it also copies, in the pass that proves them, the kept bytes the night will
-    most likely splice (``shards.prepare``), so that the disk writes them while the metadata stages run. It is
-    stopped before the reuse stage; the shards it proved are not hashed again, and a splice takes a copy only when
-    it holds exactly the bytes it would copy. The pool writes the costliest shards first (``costliest_first``).
+    (publish's) also gives ``stage_seconds`` and ``gate`` (the verdict). The pool writes the costliest shards
+    first (``costliest_first``).
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     storage.defer_sync(cfg.staging_uri)  # one syncfs before the publish, not an fsync per staged file
-    prover: Prover | None = None
-    proven_ahead = {"proven": 0, "of": 0}
-    with ThreadPoolExecutor(1, thread_name_prefix="card") as beside, contextlib.ExitStack() as stack:
+    with ThreadPoolExecutor(1, thread_name_prefix="card") as beside:
         card_ahead: Future[Any] | None = None
-        if pool is not None:  # base shards hashed on the cores discovery leaves idle, from its start, where its
-            # listing takes long enough to pay for starting the pool before it knows there is anything to do
-            early = Prover(cfg, storage, layout.previous_version(storage, cfg.dataset_uri, cfg.version), None)
-            if sum(early.records.values()) >= EARLY_PROVER_RECORDS:
-                prover = _start_prover(early, pool, workers, stack)
         for stage in PIPELINE:
             if stage.run is publish_stage:
                 before_publish()
-            if stage.run is reuse_stage and prover is not None:  # the stages from here on use the base shards
-                proven_ahead = prover.stop()
             started = time.perf_counter()
             if stage.per_shard:
                 shards = costliest_first(cfg, storage, all_shards(cfg, storage))
@@ -232,32 +195,18 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             else:
                 results[stage.name] = stage.run(cfg, storage)
             seconds[stage.name] = round(time.perf_counter() - started, 3)
-            if stage.per_shard and prover is not None:  # the copies ahead no splice took
-                prover.drop_prepared()
             if stage.per_image and pool is not None:  # the pool idles through the metadata stages: a warm-up each
                 for _ in range(workers):
                     pool.submit(warm_up)
             if stage.run is plan_stage and pool is not None:  # the card's pass over the rows, beside the writing: with
                 # cores to spare in a process of the pool (on a thread here it would hold validate up: a short write)
-                card_ahead = (pool if workers >= PREPARE_WORKERS else beside).submit(card_facts, cfg, storage)
+                card_ahead = (pool if workers >= CARD_IN_POOL_WORKERS else beside).submit(card_facts, cfg, storage)
             unchanged = results.get("discover", {}).get("unchanged_since")
             if stage.run is discover_stage and unchanged and not (force or cfg.full):
-                if prover is not None:
-                    prover.cancel()  # (before the staging goes)
                 discard_stage(cfg, storage)
                 return {"unchanged_since": unchanged, "version": unchanged}
-            if stage.run is discover_stage and pool is not None:  # the base discovery found, as it found it?
-                found = results["discover"]
-                fresh = Prover(cfg, storage, found["previous_version"], bool(found.get("multi_label")))
-                if prover is None or (fresh.version, fresh.shards) != (prover.version, prover.shards):
-                    if prover is not None:  # another base (a version published meanwhile), or none to take
-                        prover.cancel()  # its proofs would go unused
-                    prover = _start_prover(fresh, pool, workers, stack, predict=True)
-                else:  # (started with discovery: its first shards are proven meanwhile)
-                    prover.predict()  # the kept runs, from the listing: copied ahead as their bases are proven
             if stage.run is gate_stage and results["gate"]["verdict"] == TRIPPED:
                 storage.sync(cfg.staging_uri)  # kept for a rerun that accepts it: on disk now, not at a publish
                 lines = results["gate"]["report"]
                 raise GateTripped(f"{lines[0]}: nothing was published", "\n".join(lines))
-    return {**results["publish"], "stage_seconds": seconds, "gate": results["gate"]["verdict"],
-            "proven_ahead": proven_ahead}
+    return {**results["publish"], "stage_seconds": seconds, "gate": results["gate"]["verdict"]}

@@ -12,7 +12,6 @@ from ..progress import log, summarized
 from ..published import layout
 from ..records.schema import REJECTS_FIELDS
 from ..rules.base_version import RETRIED_REASONS
-from ..shards.proofs import PROOFS
 from ..source.listing import DISCOVERED_FIELDS, CandidateRun, DiscoveryCounts, discover
 from ..staging import DISCOVER_REJECTS, DISCOVER_SUMMARY, DISCOVERED, GROUPS, METADATA, staged
 from ..storage import Storage, join
@@ -46,7 +45,6 @@ def discover_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     files that could not be read (``base_version.RETRIED_REASONS``): those are tried again.
     """
     counts = DiscoveryCounts()
-    storage.delete(staged(cfg, PROOFS))  # a proof holds for the attempt whose prover made it (shards.proofs)
     with RowWriter(storage, staged(cfg, DISCOVERED), DISCOVERED_FIELDS) as found, \
             RowWriter(storage, staged(cfg, DISCOVER_REJECTS), REJECTS_FIELDS) as rejects, \
             RowWriter(storage, staged(cfg, METADATA), ("filename", *cfg.columns)) as metadata, \

@@ -1,8 +1,7 @@
 """Stage 5a: copy the previous version's shards that this version keeps whole into staging.
 
 Copies are server-side on S3 (``CopyObject``, its SHA-256 computed by the store and compared with
-the previous manifest's) and hard links locally (hashed, and compared the same way, unless this build
-proved that very file ahead: ``shards.proofs``), a few at a
+the previous manifest's) and hard links locally (hashed, and compared the same way), a few at a
 time on threads: no shard's bytes pass through this worker's memory. Each copy's check is staged
 like a written shard's, so the validate stage adds it up with the others. A base shard that is
 missing or damaged never propagates: that shard is written from the source instead (its check
@@ -12,7 +11,6 @@ says why).
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
 from ..config import BuildConfig
@@ -21,10 +19,9 @@ from ..parallel import ordered_map
 from ..progress import ProgressLog, log, summarized
 from ..published import layout
 from ..shards.checks import members_digest, validate_shard
-from ..shards.proofs import identity, proven
 from ..shards.writer import write_shard
 from ..staging import CHECKED, COPY_THREADS, MEMBERS, PLAN, RECEIPTS, SHARDS, Progress, no_progress, staged
-from ..storage import Storage, is_s3, join
+from ..storage import Storage, join
 from ..storage.documents import read_json, write_json
 
 
@@ -49,17 +46,13 @@ def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str
     against the previous manifest, and the members planned for it; stage its receipt and check."""
     old = join(cfg.dataset_uri, origin["version"], origin["file"])
     new = staged(cfg, SHARDS, shard)
-    why, ahead = "", False
-    proof = None if is_s3(old) else proven(cfg, storage, origin)
+    why = ""
     try:
-        ahead = proof is not None and identity(os.stat(old)) == proof  # before the link changes its change time
         storage.copy(old, new)
         storage.copy(layout.index_file(old), layout.index_file(new))
     except FileNotFoundError:
         why = f"{old} (or its {layout.INDEX_SUFFIX}) is missing"
-    if ahead and not why:  # proven only if the staged shard is a link to the very file that was hashed
-        ahead = proof is not None and identity(os.stat(new))[:4] == proof[:4]
-    if not why and (held := origin["sha256"] if ahead else storage.sha256_of(new)) != origin["sha256"]:
+    if not why and (held := storage.sha256_of(new)) != origin["sha256"]:
         why = f"{old} is damaged: it hashes to {held}, not to the sha256 its version's manifest gives"
     index_sha = storage.sha256_of(layout.index_file(new))
     if not why and origin.get("index_sha256") and index_sha != origin["index_sha256"]:
@@ -82,4 +75,4 @@ def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str
               "records_parsed": 0, "bytes_copied": origin["num_bytes"]}
     write_json(storage, staged(cfg, CHECKED, shard + ".json"), result)
     progress(count)
-    return {**result, "base_proven_ahead": ahead}  # not staged: how far the prover got is a matter of timing
+    return result

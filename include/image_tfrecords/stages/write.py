@@ -51,7 +51,7 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
         elif can_splice(cfg, origin):
             result = splice_shard(cfg, storage, shard, origin, progress, read_workers, processes)
             if not result.get("fallback"):
-                return result  # checked while spliced: kept bytes proven by the base's digest, new records parsed
+                return result  # checked while spliced: kept records' framing and CRCs, new records parsed
         else:
             rewrite_shard(cfg, storage, shard, origin, progress, read_workers, processes)
     return validate_shard(cfg, storage, shard, processes=processes, workers=read_workers)
@@ -59,24 +59,14 @@ def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Pr
 
 def costliest_first(cfg: BuildConfig, storage: Storage, shards: list[str]) -> list[str]:
     """``shards`` in the order a pool should take them so that its processes end together: those made from the
-    source first (every record read, encoded and parsed), then the spliced ones by the bytes they still hash (a base
-    not proven ahead: all of it and the kept bytes; proven: the kept bytes; copied ahead: only the new records).
-    The staged proofs (``shards.proofs``) tell which is which; without them every base is hashed in its splice."""
-    from ..shards.proofs import PROOFS
-
+    source first (every record read, encoded and parsed), then the spliced ones, the largest bases first."""
     rewrite = read_json(storage, staged(cfg, PLAN))["rewrite"]
-    try:
-        proofs = read_json(storage, staged(cfg, PROOFS))
-        proven, prepared = set(proofs.get("shards") or ()), set(proofs.get("prepared") or ())
-    except (OSError, ValueError, TypeError, AttributeError):  # none staged (no prover), or not a prover's: an order
-        proven, prepared = set(), set()
 
     def work(shard: str) -> tuple[int, int]:
         origin = rewrite.get(shard)
         if origin is None or not can_splice(cfg, origin):
             return 0, 0
-        size, file = int(origin.get("num_bytes") or 0), origin.get("file")
-        return 1, -(0 if file in prepared else size if file in proven else 2 * size)
+        return 1, -int(origin.get("num_bytes") or 0)
 
     return sorted(shards, key=work)
 

@@ -8,6 +8,8 @@ temporary name in the target's folder and is renamed over it; stored files are r
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -19,7 +21,6 @@ from typing import Any, BinaryIO
 from ..errors import StorageError
 from ..source import localfs
 from .base import FileInfo, Store, sha256_bytes, sha256_file
-from .writeback import syncfs
 
 
 class LocalStore(Store):
@@ -230,3 +231,31 @@ def _link(src: str, dst: str) -> bool:
         os.unlink(tmp)
         raise
     return True
+
+
+@functools.cache
+def _syncfs() -> Callable[[int], int] | None:
+    """The C library's ``syncfs`` (Linux), or None."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    call.argtypes, call.restype = (ctypes.c_int,), ctypes.c_int
+    return call  # type: ignore[no-any-return]
+
+
+def syncfs(path: str) -> None:
+    """Write every dirty page of the file system holding ``path`` (a file or folder) to disk and wait: Linux's
+    ``syncfs``, whose failure (an I/O error writing back any file there) raises an ``OSError`` naming ``path``;
+    ``os.sync`` where the C library has no ``syncfs`` (macOS)."""
+    call = _syncfs()
+    if call is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if call(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"syncfs failed: {os.strerror(error)}", path)
+    finally:
+        os.close(fd)
