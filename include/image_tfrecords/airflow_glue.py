@@ -170,9 +170,7 @@ def run_stage(stage: Callable[..., Any], staging_grace_hours: float = 24.0, **kw
                          entry["bytes"] / 1e6, entry["age_hours"], entry["action"])
             return {"removed": [e["version"] for e in report if e["action"] == "remove"],
                     "kept": len([e for e in report if e["action"] != "remove"])}
-        # No lock for discard (the lock dies with the staging prefix) nor for prove (it only reads the base and
-        # stages a hint, and may run after the build published: a lock would make its staging again)
-        unlocked = stage in (stages.discard_stage, stages.prove_stage)
+        unlocked = stage is stages.discard_stage  # no lock for discard: the lock dies with the staging prefix
         if not unlocked:
             locking.hold(storage, cfg.staging_uri, _lock_owner(context), locking.DAG_LEASE_SECONDS)
         storage.defer_sync(cfg.staging_uri)  # what the task staged is on disk when it succeeds: one syncfs

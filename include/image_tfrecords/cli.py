@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from . import stages
+from . import compiled, stages
 from .config import BuildConfig, ConfigError, check_location, parse_columns, parse_splits
 from .errors import BuildError, GateTripped, ImageTfrecordsError, LockHeld
 from .options import IMAGES, OPTIONS, Option
@@ -192,6 +192,7 @@ def _summary(cfg: BuildConfig, result: dict[str, Any], seconds: float, storage: 
     lines.append("  " + gate_line(manifest))
     if result.get("stage_seconds"):
         lines.append("  stages: " + ", ".join(f"{name} {t:.2f} s" for name, t in result["stage_seconds"].items()))
+    lines.append(f"  {compiled.line()}")
     lines.append(f"  {manifest.num_records} records, {manifest.num_bytes / 1e6:.1f} MB in {seconds:.1f} s "
                  f"({manifest.num_records / max(seconds, 1e-9):.0f} images/s); latest is {result['latest']}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from image_tfrecords import compiled
 from image_tfrecords.storage import Storage
 from tests.support import assert_matches_source, run_cli
 from tests.tf_reader import read_version
@@ -29,6 +30,7 @@ def test_build_local_reads_back_with_tensorflow(sample_dir: Path, tmp_path: Path
     assert result.returncode == 0, result.stderr
     assert "published shapes version v1" in result.stdout
     assert "images/s" in result.stdout
+    assert f"  {compiled.line()}\n" in result.stdout  # the summary names the compiled parts the build ran
 
     version = tmp_path / "shapes" / "v1"
     manifest, splits = read_version(Storage(), str(version))

@@ -124,9 +124,6 @@ class Stage:
 
 
 CARD_IN_POOL_WORKERS = 4  # from this many processes on, the card's pass over the rows runs in the pool
-# The base prover (its DAG task prove_base) is gone (issue 49); airflow_glue.run_stage still tests a stage against
-# this name to skip its lock. No stage is None: remove both together when that module is next edited.
-prove_stage = None
 
 PIPELINE: tuple[Stage, ...] = (
     Stage("discover", discover_stage),
