@@ -1,14 +1,16 @@
-"""Splicing trusts a base shard's index and framing only when they agree: the column checks of
-``shards.splice`` (``_index``, ``_check_framing``) on real TFRecord bytes, sound and damaged."""
+"""Splicing trusts a base shard's index and framing only when they agree: the checks of ``shards.splice``
+(``_base_index``, ``check_framing``) on real TFRecord bytes, sound and damaged."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
 from image_tfrecords.records.tfrecord import TFRecordWriter
-from image_tfrecords.shards.splice import DamagedBase, _check_framing, _index, _kept
+from image_tfrecords.shards.splice import DamagedBase, _base_index, check_framing
+from image_tfrecords.storage import Storage
 
 
 def _shard(count: int = 6) -> tuple[bytes, bytes, list[tuple[int, int]]]:
@@ -19,58 +21,52 @@ def _shard(count: int = 6) -> tuple[bytes, bytes, list[tuple[int, int]]]:
     return out.getvalue(), writer.index(), writer.offsets
 
 
-def test_a_sound_index_parses_to_its_records_and_every_kept_record_is_framed() -> None:
+def _index_of(tmp_path: Path, index: bytes, count: int, num_bytes: int,
+              runs: list[list[int]] | None = None) -> tuple[list[int], list[int]]:
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    shard.with_suffix(".tfindex").write_bytes(index)
+    origin = {"num_records": count, "num_bytes": num_bytes, "runs": runs if runs is not None else [[0, count]]}
+    return _base_index(Storage(), str(shard), origin)
+
+
+def test_a_sound_index_parses_to_its_records_and_every_record_is_framed(tmp_path: Path) -> None:
     data, index, offsets = _shard()
-    starts, lengths = _index(index, len(offsets))
-    assert list(zip(starts.tolist(), lengths.tolist(), strict=True)) == offsets
-    _check_framing(memoryview(data), starts, lengths, _kept([[0, 2], [3, 6]]))  # raises nothing
-    _check_framing(memoryview(data), starts, lengths, _kept([]))
-    assert _kept([[1, 3], [4, 5]]).tolist() == [1, 2, 4]
+    starts, lengths = _index_of(tmp_path, index, len(offsets), len(data))
+    assert list(zip(starts, lengths, strict=True)) == offsets
+    check_framing(data, lengths)  # raises nothing
+    check_framing(data[starts[3]:], lengths[3:], starts[3])
 
 
 @pytest.mark.parametrize("index, why", [
     (b"0 26\n26 33\n", "does not parse"),  # two records where the manifest says six
     (b"0 26\n26 x\n" + b"0 1\n" * 4, "does not parse"),
-    (b"0 26 1\n26\n" + b"0 1\n" * 4, "tfindex does not"),  # tokens that pair up, lines that do not
+    (b"0 26 1\n26\n" + b"0 1\n" * 4, "does not"),  # tokens that pair up, lines that do not
 ])
-def test_an_index_that_does_not_parse_as_its_records_is_damage(index: bytes, why: str) -> None:
+def test_an_index_that_does_not_parse_as_its_records_is_damage(index: bytes, why: str, tmp_path: Path) -> None:
+    data, _, offsets = _shard()
     with pytest.raises(DamagedBase, match=why):
-        _index(index, 6)
+        _index_of(tmp_path, index, len(offsets), len(data))
 
 
-def test_an_index_with_a_gap_or_a_short_record_is_damage() -> None:
-    _, index, offsets = _shard()
+def test_an_index_with_a_gap_a_short_record_or_foreign_runs_is_damage(tmp_path: Path) -> None:
+    data, index, offsets = _shard()
     gap = [(start + (5 if number == 3 else 0), length) for number, (start, length) in enumerate(offsets)]
     short = [(start, 12 if number == len(offsets) - 1 else length) for number, (start, length) in enumerate(offsets)]
     for bad in (gap, short):
         text = "".join(f"{a} {b}\n" for a, b in bad).encode()
         with pytest.raises(DamagedBase, match="end to end"):
-            _index(text, len(offsets))
-    assert _index(index, len(offsets))[0][0] == 0
+            _index_of(tmp_path, text, len(offsets), len(data))
+    with pytest.raises(DamagedBase, match="not records of it"):
+        _index_of(tmp_path, index, len(offsets), len(data), runs=[[0, 3], [2, 7]])
+    assert _index_of(tmp_path, index, len(offsets), len(data))[0][0] == 0
 
 
-@pytest.mark.parametrize("byte", [0, 9])  # the length field, then its CRC
-def test_a_kept_record_whose_header_was_changed_is_damage(byte: int) -> None:
-    data, index, offsets = _shard()
-    starts, lengths = _index(index, len(offsets))
+@pytest.mark.parametrize("byte, why", [(0, "not framed"), (9, "CRC"), (20, "CRC")])  # length, its CRC, the data
+def test_a_record_whose_bytes_were_changed_is_damage(byte: int, why: str) -> None:
+    data, _, offsets = _shard()
+    lengths = [length for _, length in offsets]
     damaged = bytearray(data)
     damaged[offsets[4][0] + byte] ^= 0x01
-    with pytest.raises(DamagedBase, match=f"at byte {offsets[4][0]} "):
-        _check_framing(memoryview(bytes(damaged)), starts, lengths, _kept([[0, 6]]))
-    _check_framing(memoryview(bytes(damaged)), starts, lengths, _kept([[0, 4], [5, 6]]))  # record 4 not kept
-
-
-def test_with_a_proven_index_the_first_record_of_each_run_is_checked() -> None:
-    """An index proven by its published digest: the framing of each run's first record is checked (the base's
-    SHA-256 proves the bytes between); an index from before index digests: every kept record's."""
-    from image_tfrecords.shards.splice import _framed
-
-    runs = [[0, 3], [4, 6]]
-    assert _framed(runs, True).tolist() == [0, 4]
-    assert _framed(runs, False).tolist() == [0, 1, 2, 4, 5]
-    data, index, offsets = _shard()
-    starts, lengths = _index(index, len(offsets))
-    damaged = bytearray(data)
-    damaged[offsets[4][0]] ^= 0x01  # the first record of the second run
-    with pytest.raises(DamagedBase, match=f"at byte {offsets[4][0]} "):
-        _check_framing(memoryview(bytes(damaged)), starts, lengths, _framed(runs, True))
+    with pytest.raises(DamagedBase, match=f"at byte {offsets[4][0]} .*{why}"):
+        check_framing(bytes(damaged), lengths)
+    check_framing(bytes(damaged)[:offsets[4][0]], lengths[:4])  # the records before it are sound
