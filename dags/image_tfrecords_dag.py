@@ -18,7 +18,8 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    are all unchanged are reused, those that lost or changed records are spliced from byte ranges of
    the previous shard (its kept records are copied, not parsed), and added or changed images go into
    new shards (a full rebuild when the `full_rebuild`
-   param is set, when splits, salt, shard size or compression changed, or to compact once there
+   param is set, when an option that rebuilds shards changed (image options, columns, splits, salt,
+   group column, shard size, compression: each option's `effect`), or to compact once there
    would be more than 1.5x the shards of a full build). Unchanged files are not read again:
    **plan_inspection** takes over the previous version's `inspected.csv` rows for them;
 5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
