@@ -173,7 +173,9 @@ def test_outcomes_are_reproducible(tmp_path: Path) -> None:
     for dest in ("a", "b"):
         assert run_build(source, tmp_path / dest, "--max-reject-fraction", "1").returncode == 0
         version = tmp_path / dest / "zoo" / "v1"
-        outputs.append({p.relative_to(version).as_posix(): p.read_bytes() for p in version.rglob("*") if p.is_file()})
+        here = str(tmp_path / dest).encode()  # the card names where the version was published: the one difference
+        outputs.append({p.relative_to(version).as_posix(): p.read_bytes().replace(here, b"DEST") if p.name in (
+            "card.md", "card.html") else p.read_bytes() for p in version.rglob("*") if p.is_file()})
     assert "card.html" in outputs[0] and "card/records.png" in outputs[0]  # the card is reproducible too
     assert outputs[0] == outputs[1]
     assert b" at 0x" not in outputs[0]["rejects.csv"]

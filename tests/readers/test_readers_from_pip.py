@@ -445,6 +445,25 @@ def test_grain_processes_open_their_own_files(venv: Venv, published: Published, 
     assert len(result["pids"]) == 2 and result["me"] not in result["pids"]
 
 
+def test_the_cards_load_snippets_run(venv: Venv, published: Published, tmp_path: Path) -> None:
+    """The card's "Load this version" snippets (Keras and PyTorch), as the card shows them, with the version's URI
+    in them: the PyTorch one needs torch, which only this environment has (tests/pipeline/test_card_agrees.py runs
+    the Keras one in the dev venv)."""
+    card = (published.version / "card.md").read_text()
+    codes = re.findall(r"^```python\n(.*?)^```$", card[card.index("## Load this version"):], re.S | re.M)[:2]
+    assert len(codes) == 2 and all(f"VERSION = {json.dumps(str(published.version))}\n" in code for code in codes)
+    num_train = published.manifest["splits"]["train"]["num_records"]
+    for name, code in zip(("keras", "pytorch"), codes, strict=True):
+        script = tmp_path / f"card_{name}.py"
+        script.write_text(code)
+        proc = venv.run([venv.python, str(script)])
+        assert proc.returncode == 0, f"the card's {name} snippet failed (exit {proc.returncode}):\n{_tail(proc)}"
+        expected = (f"{math.ceil(num_train / 32)} batches per epoch; "
+                    + (f"({min(32, num_train)}, 224, 224, 3) int64" if name == "keras" else
+                       f"({min(32, num_train)}, 3, 224, 224) torch.int64"))
+        assert expected in proc.stdout, f"{name}: {_tail(proc)}"
+
+
 # -- 5. a version whose manifest has the old name ---------------------------------------------
 def test_load_split_reads_the_old_manifest_name(venv: Venv, published: Published) -> None:
     """Before TFDS's metadata took ``dataset_info.json``, our manifest had that name (and no TFDS files)."""

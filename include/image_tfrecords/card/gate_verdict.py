@@ -68,5 +68,9 @@ def verdict_blocks(gate: Mapping[str, Any]) -> list[Block]:
             rows.append((TITLES.get(kind, kind), check.get("of", ""), _value(kind, check.get("before", 0)),
                          _value(kind, check.get("now", 0)), _limit(kind, check.get("threshold", 0)),
                          "TRIPPED" if check.get("tripped") else "ok"))
-        blocks.append(Table(("check", "of", "previous", "now", "limit", "result"), rows))
+        blocks.append(Table(("check", "of", "previous", "now", "limit", "result"), rows, legend={
+            "check": "what is compared (docs/publish-gate.md)", "of": "the class or quality flag it is about",
+            "previous": f"its value in version {previous}", "now": "its value in this build (shares: of all records, "
+            "as the card and the datasets page give them)", "limit": "how far it may move", "result": "ok, or TRIPPED "
+            "when it moved further"}))
     return [*blocks, *(Para(f"Note: {note}") for note in gate.get("notes") or [])]

@@ -49,15 +49,25 @@ class NearDuplicateView:
 
 
 def near_duplicate_blocks(view: NearDuplicateView, bits: int,
-                          strip: Callable[[str, list[dict[str, str]], int, str], Cell]) -> list[Block]:
+                          strip: Callable[[str, list[dict[str, str]], int, str], Cell],
+                          found: int | None = None) -> list[Block]:
     """The card's blocks for ``view`` (a build with ``near_duplicate_bits`` ``bits``); ``strip(path, rows,
-    limit, alt)`` adds a strip of thumbnails (``Card.strip``)."""
+    limit, alt)`` adds a strip of thumbnails (``Card.strip``). ``found``: the groups the build formed among the
+    images new to the version, as its manifest records them (``published.counts.near_duplicate_groups``, the
+    number the datasets page shows; None: not recorded)."""
     blocks: list[Block] = [Heading("Near-duplicates")]
+    formed = "" if not found else (
+        f" This build formed {found:,} groups among the images new to this version (the number the datasets page "
+        "shows): a group under several labels is rejected (near_duplicate_label_conflict) unless "
+        "near_duplicate_labels is keep, and new images near published ones join their group.")
     if not view.groups:
         what = "off (near_duplicate_bits 0)" if bits <= 0 else f"on ({bits} bits) and found no group"
-        return [*blocks, Para(f"The near-duplicate search is {what}; identical files are never in two splits.")]
+        if bits > 0 and found:
+            what = f"on ({bits} bits) and the version has no group"
+        return [*blocks, Para(f"The near-duplicate search is {what}; identical files are never in two splits."
+                              + formed)]
     blocks.append(Para(f"{view.groups:,} groups of near-duplicate images ({view.records:,} records), each kept in "
-                       f"one split (near_duplicate_bits {bits}; near_duplicates.csv lists them). The "
+                       f"one split (near_duplicate_bits {bits}; near_duplicates.csv lists them)." + formed + " The "
                        f"{len(view.shown)} largest, up to {PER_GROUP} images each:"))
     rows: list[tuple[Cell, ...]] = []
     for number, (group, size) in enumerate(view.shown.items()):
@@ -66,5 +76,8 @@ def near_duplicate_blocks(view: NearDuplicateView, bits: int,
                       f"near-duplicate group {group}")
         rows.append((group, size, ", ".join(sorted({row["split"] for row in members})),
                      ", ".join(sorted({row["label"] for row in members})), shown))
-    blocks.append(Table(("group", "records", "split", "labels", "images"), rows))
+    blocks.append(Table(("group", "records", "split", "labels", "images"), rows, legend={
+        "group": "the group's key (near_group in near_duplicates.csv)", "records": "the records in the group",
+        "split": "the split that holds them all", "labels": "their classes (more than one: the same picture "
+        "under several labels)", "images": f"thumbnails of up to {PER_GROUP} of them"}))
     return blocks

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..images.quality import FLAGS, SIGNALS, parse_flags
+from ..published import counts
 from .render import Block, Cell, Heading, Para, Table
 
 WORST = 4  # thumbnails shown per flag
@@ -188,39 +189,75 @@ class QualityScan:
         return out
 
 
+def measured_text(measured: int, records: int, pngs_measured: bool) -> str:
+    """What "measured" covers, for a version whose ``measured`` of ``records`` records were measured; ``pngs_measured``:
+    whether its build decoded PNGs for their signals (``config.measures_png`` of its params)."""
+    said = (f"{measured:,} of {records:,} records measured. Measured means the quality signals were computed from "
+            "the image's thumbnail (a JPEG decoded at 1/8 scale, other formats reduced to at most 256 px).")
+    if measured >= records:
+        return said
+    if pngs_measured:
+        return said + (f" The {records - measured:,} not measured are PNGs over 4 MP (decoding one costs 4+ bytes a "
+                       "pixel) or images Pillow could not convert; they have no signals and no flags.")
+    return said + (f" The {records - measured:,} not measured are PNGs stored as they are (and any image Pillow could "
+                   "not convert): this build checked PNGs without decoding their pixels, several times faster, since "
+                   "it used no signal to decide; a PNG is measured only with near_duplicate_bits above 0 or a "
+                   "quality_reject policy (docs/quality.md). They have no signals and no flags.")
+
+
 def quality_blocks(scan: QualityScan, records: int,
-                   strip: Callable[[str, list[dict[str, str]], int, str], Cell]) -> list[Block]:
+                   strip: Callable[[str, list[dict[str, str]], int, str], Cell],
+                   class_records: Mapping[str, int] | None = None, flag_counts: Mapping[str, int] | None = None,
+                   pngs_measured: bool = False) -> list[Block]:
     """The card's blocks for ``scan`` (of ``records`` records); ``strip(path, rows, limit, alt)`` adds a strip of
-    thumbnails (``Card.strip``)."""
+    thumbnails (``Card.strip``). ``class_records``: records per class name (all of them, measured or not);
+    ``flag_counts``: records stored with each flag as the manifest records them (``published.counts.quality_flags``,
+    what the datasets page shows; None: the scan's counts); ``pngs_measured``: whether the build measured PNGs."""
     blocks: list[Block] = [Heading("Image quality")]
     if not scan.classes:
         return [*blocks, Para("No quality signals were recorded for this version (built before 0.7.0, or no "
                               "image could be measured).")]
     measured = records - scan.unmeasured
-    blocks.append(Para(
-        f"Signals from each image's thumbnail ({measured:,} of {records:,} records measured): brightness "
-        "(mean grey, 0-255), contrast (its standard deviation), sharpness (fine detail over contrast), colour "
-        "(mean max-min of R, G, B; 0 is grey); flags as in docs/quality.md. Per class, means and the share "
-        "of records with each flag."))
+    class_records = class_records or {}
+    flagged = dict(flag_counts) if flag_counts is not None else {flag: scan.flags[flag] for flag in FLAGS
+                                                                   if scan.flags[flag]}
+    blocks.append(Para(measured_text(measured, records, pngs_measured) + " Per class, the means of the signals over "
+                       "its measured records, and the records with each flag (flags as in docs/quality.md)."))
     rows: list[tuple[Cell, ...]] = []
     for cid, (name, stats) in sorted(scan.classes.items()):
-        shares = ", ".join(f"{flag} {stats.flags[flag] / stats.records:.0%}" for flag in FLAGS if stats.flags[flag])
-        rows.append((cid, name, stats.records, f"{stats.mean('brightness'):.0f}", f"{stats.mean('contrast'):.0f}",
-                     f"{stats.mean('sharpness'):.2f}", f"{stats.mean('colourfulness'):.0f}",
-                     f"{stats.mean('pixels') / 1e6:.2f}", shares or "none"))
-    blocks.append(Table(("id", "class", "records", "brightness", "contrast", "sharpness", "colour", "MP", "flags"),
-                        rows))
+        total = class_records.get(name, stats.records)
+        shares = ", ".join(f"{flag} {stats.flags[flag]:,} ({counts.share(stats.flags[flag], total)})"
+                           for flag in FLAGS if stats.flags[flag])
+        rows.append((cid, name, total, stats.records, f"{stats.mean('brightness'):.0f}",
+                     f"{stats.mean('contrast'):.0f}", f"{stats.mean('sharpness'):.2f}",
+                     f"{stats.mean('colourfulness'):.0f}", f"{stats.mean('pixels') / 1e6:.2f}", shares or "none"))
+    blocks.append(Table(
+        ("id", "class", "records", "measured", "brightness", "contrast", "sharpness", "colour", "MP", "flags"), rows,
+        legend={"id": "the class id (image/class/label)", "class": "the class name",
+                "records": "records of the class (as in Records per split and class)",
+                "measured": "those of them measured (the means are over these)",
+                "brightness": "mean grey level, 0 (black) to 255 (white)",
+                "contrast": "standard deviation of the grey levels",
+                "sharpness": "fine detail relative to contrast (higher is sharper)",
+                "colour": "colourfulness: mean of max - min of R, G, B per pixel (0 is grey)",
+                "MP": "mean size in megapixels, width x height / 10^6, of the measured records' stored images",
+                "flags": "records of the class with each flag, and their share of the class's records"}))
     skews = scan.skews()
     blocks.append(Para("Classes that differ from the others (a shortcut a model can learn instead of the "
-                       "label): " + ("; ".join(skews) if skews else "none found") + "."))
-    if scan.flags:
+                       "label; measured records only, a class against all the others together): "
+                       + ("; ".join(skews) if skews else "none found") + "."))
+    if flagged:
         worst: list[tuple[Cell, ...]] = []
         for flag in FLAGS:
-            if not scan.flags[flag]:
+            if not flagged.get(flag):
                 continue
-            rows = [row for _, _, row in sorted(scan.worst[flag], reverse=True)]
+            rows = [row for _, _, row in sorted(scan.worst.get(flag, []), reverse=True)]
             shown = strip(f"card/quality/{flag}.png", rows, WORST, f"the most {flag} images")
-            worst.append((flag, scan.flags[flag], f"{scan.flags[flag] / max(1, measured):.1%}", shown))
-        blocks += [Para(f"Flagged records, and the {WORST} worst of each flag."),
-                   Table(("flag", "records", "share", "worst"), worst)]
+            worst.append((flag, flagged[flag], counts.share(flagged[flag], records), shown))
+        blocks += [Para(f"Flagged records, and the {WORST} worst of each flag. Shares are of all {records:,} records "
+                        "of the version, as the datasets page and the publish gate give them."),
+                   Table(("flag", "records", "share", "worst"), worst, legend={
+                       "flag": "the quality flag (docs/quality.md)", "records": "records stored with the flag",
+                       "share": f"those records as a share of all {records:,} records",
+                       "worst": f"thumbnails of the {WORST} records that have the flag the most"})]
     return blocks

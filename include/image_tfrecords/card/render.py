@@ -13,7 +13,7 @@ import io
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 THUMB, GAP, BACKGROUND = 96, 4, (240, 240, 240)
@@ -31,8 +31,16 @@ Cell = str | int | Img | None
 
 @dataclass(frozen=True)
 class Table:
+    """A table; ``legend``: what each column of ``header`` holds (column name -> meaning), rendered under it."""
+
     header: tuple[str, ...]
     rows: list[tuple[Cell, ...]]
+    legend: dict[str, str] = field(default_factory=dict)
+
+    def legend_text(self) -> str:
+        """"Columns: name: meaning; ..." for each column named in ``legend`` (a name shown twice, once)."""
+        named = [name for name in dict.fromkeys(self.header) if name in self.legend]
+        return "Columns: " + "; ".join(f"{name}: {self.legend[name]}" for name in named) + "." if named else ""
 
 
 @dataclass(frozen=True)
@@ -47,17 +55,26 @@ class Para:
 
 
 @dataclass(frozen=True)
+class Code:
+    """A block of code shown as it is (Markdown: a fenced block; HTML: ``pre``)."""
+
+    text: str
+    language: str = "python"
+
+
+@dataclass(frozen=True)
 class Section:
     """Blocks that a later stage may replace in the rendered card (``replace_section``): rendered between
     two comments naming it, invisible in Markdown and HTML alike."""
 
     name: str
-    blocks: list[Heading | Para | Table | Img]
+    blocks: list[Heading | Para | Table | Img | Code]
 
 
-Block = Heading | Para | Table | Img | Section
+Block = Heading | Para | Table | Img | Code | Section
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]+")
 # Backslash-escape what could start markup inside a line: emphasis, code, links, HTML, table pipes,
 # entities, strikethrough, math, mentions, emoji and GFM autolinks (``http:``, ``www.``). Underscores
 # between two letters or digits cannot start emphasis and stay as they are.
@@ -118,6 +135,9 @@ def render_md(blocks: list[Block]) -> str:
             out.append(md_escape(block.text))
         elif isinstance(block, Img):
             out.append(f"![{md_escape(block.alt)}]({block.path})")
+        elif isinstance(block, Code):
+            fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", block.text)), default=0))
+            out += [fence + block.language, _CONTROL_BUT_NEWLINE.sub(" ", block.text), fence]
         else:
             def cell(value: Cell) -> str:
                 return f"![{md_escape(value.alt)}]({value.path})" if isinstance(value, Img) else md_escape(
@@ -125,6 +145,8 @@ def render_md(blocks: list[Block]) -> str:
             out.append("| " + " | ".join(md_escape(h) for h in block.header) + " |")
             out.append("|" + "|".join("---:" if n else "---" for n in _numeric(block)) + "|")
             out.extend("| " + " | ".join(cell(v) for v in row) + " |" for row in block.rows)
+            if legend := block.legend_text():
+                out += ["", md_escape(legend)]
         out.append("")
     return "\n".join(out)
 
@@ -133,7 +155,9 @@ _STYLE = """body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-s
 main{max-width:1100px;margin:0 auto;padding:1em 1.5em}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;
 padding-bottom:.2em;margin-top:1.6em}table{border-collapse:collapse;margin:.6em 0}th,td{border:1px solid #ddd;
 padding:.25em .6em;text-align:left;vertical-align:middle}th{background:#f5f5f5}td.n{text-align:right;
-font-variant-numeric:tabular-nums}img{max-width:100%;height:auto}td img{display:block}p{margin:.5em 0}"""
+font-variant-numeric:tabular-nums}img{max-width:100%;height:auto}td img{display:block}p{margin:.5em 0}
+p.legend{color:#555;font-size:.92em;max-width:60em}pre{background:#f5f5f5;border:1px solid #ddd;padding:.6em .8em;
+overflow-x:auto;font:13px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}"""
 _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
@@ -164,6 +188,9 @@ def _html_body(blocks: list[Block], pngs: dict[str, bytes]) -> list[str]:
             body.append(f"<p>{html_escape(block.text)}</p>")
         elif isinstance(block, Img):
             body.append(f"<p>{img(block)}</p>")
+        elif isinstance(block, Code):
+            code = html.escape(_CONTROL_BUT_NEWLINE.sub(" ", block.text), quote=True).replace("://", "&#58;//")
+            body.append(f'<pre><code class="language-{html_escape(block.language)}">{code}</code></pre>')
         else:
             numeric = _numeric(block)
             body.append("<table><thead><tr>" + "".join(f"<th>{html_escape(h)}</th>" for h in block.header)
@@ -174,6 +201,8 @@ def _html_body(blocks: list[Block], pngs: dict[str, bytes]) -> list[str]:
                     f"<td>{img(v) if isinstance(v, Img) else html_escape(_fmt(v))}</td>"
                     for i, v in enumerate(row)) + "</tr>")
             body.append("</tbody></table>")
+            if legend := block.legend_text():
+                body.append(f'<p class="legend">{html_escape(legend)}</p>')
     return body
 
 

@@ -20,13 +20,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import measures_png
 from ..images.transform import ImageOptions
+from ..published import counts
 from ..published.manifest import Manifest, as_manifest
 from ..records.schema import ordered_splits
 from ..storage.csv_blocks import Quoted
 from . import plot, render
 from .gate_verdict import pending_blocks
 from .label_columns import scan_columns
+from .load_snippets import load_blocks
 from .near_duplicates import NearDuplicateView, near_duplicate_blocks
 from .quality import QualityScan, quality_blocks
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
@@ -72,9 +75,9 @@ class PreviousVersion:
 
 
 # -- the card ------------------------------------------------------------------------------------------
-def _per_split(counts: Counter[tuple[str, str]]) -> Counter[str]:
+def _per_split(by_class: Counter[tuple[str, str]]) -> Counter[str]:
     out: Counter[str] = Counter()
-    for (_, split), n in counts.items():
+    for (_, split), n in by_class.items():
         out[split] += n
     return out
 
@@ -148,6 +151,10 @@ class Card:
         self.pngs[path] = data
         return Img(path, alt)
 
+    def _split_legend(self, legend: dict[str, str], per_split: str) -> dict[str, str]:
+        """``legend`` with a column for each split, ``per_split`` formatted with its name."""
+        return {**{split: per_split.format(split) for split in self.splits}, **legend}
+
     def header(self) -> None:
         m, classes = self.m, list(self.m.classes)
         listed = _names(classes[:LISTED_CLASSES]) + (
@@ -155,25 +162,28 @@ class Card:
         self.blocks.append(Table(("field", "value"), [
             ("Dataset", m.dataset), ("Version", m.version), ("Created from", m.source),
             ("As of", m.as_of or "not set: every file present when the build ran"),
-            ("Records", m.num_records), ("Rejected", m.num_rejected), ("Skipped (not images)", m.num_skipped),
+            ("Records", counts.records(m)), ("Rejected", counts.rejected(m)), ("Skipped (not images)", m.num_skipped),
             ("Compression", m.compression), ("Classes", f"{len(classes):,}: {listed}"),
             *([("Labels", f"multi-label: a record has any number of classes, joined by {self.separator!r} "
                           "in labels.csv")] if self.separator is not None else []),
             ("Previous version", m.previous_version or "none"),
-        ]))
+        ], legend={"field": "what is described", "value": "its value for this version. Records: the records the "
+                   "shards hold (one per stored image); Rejected: source files not stored, each with a reason "
+                   "(Rejects below, rejects.csv); Skipped: files never opened (hidden, or not named as an image); "
+                   "As of: the snapshot time of the source (files changed later are not in the version)"}))
 
     def records(self) -> None:
-        counts, splits = self.scan.counts, self.splits
+        class_counts, splits = self.scan.counts, self.splits
         classes = list(self.m.classes)
         classes += sorted(self.scan.classes() - set(classes))
         ids = {name: i for i, name in enumerate(self.m.classes)}
         rows: list[tuple[Cell, ...]] = []
         for name in classes:
-            values = [counts[name, s] for s in splits]
+            values = [class_counts[name, s] for s in splits]
             rows.append((ids.get(name), name, *values, sum(values)))
         per_split = self.scan.records
         if self.separator is not None:
-            labels = _per_split(counts)
+            labels = _per_split(class_counts)
             rows.append((None, "class labels", *[labels[s] for s in splits], sum(labels.values())))
             rows.append((None, "records", *[per_split[s] for s in splits], sum(per_split.values())))
         else:
@@ -183,7 +193,11 @@ class Card:
             self.blocks.append(Para("Multi-label: a record counts once for each of its classes. The classes add "
                                     "up to the class labels row, more than the records row when records have "
                                     "several classes."))
-        self.blocks.append(Table(("id", "class", *splits, "total"), rows))
+        self.blocks.append(Table(("id", "class", *splits, "total"), rows, legend=self._split_legend(
+            {"id": "the class id, the record's image/class/label (labels.txt maps ids to names)",
+             "class": "the class name; the last row" + ("s add up the class labels and the records"
+                                                        if self.separator is not None else " adds up every class"),
+             "total": "all splits together"}, "records of the class in the {} split")))
         for split in splits:
             stated = self.m.splits[split].num_records if split in self.m.splits else None
             if stated is not None and stated != per_split[split]:
@@ -192,7 +206,7 @@ class Card:
         shown = classes[:CHART_CLASSES]
         title = "Records per class and split" + (
             f" (first {len(shown)} of {len(classes):,} classes by id)" if len(classes) > len(shown) else "")
-        chart = plot.records_chart(shown, splits, counts, title)
+        chart = plot.records_chart(shown, splits, class_counts, title)
         self.blocks.append(self._png("card/records.png", chart, title))
 
     def label_sets(self) -> None:
@@ -212,7 +226,9 @@ class Card:
         most = max((n for n, _ in sizes), default=0)
         self.blocks += [Heading("Classes per record"),
                         Para(f"Records by their number of classes; the most classes on one record: {most:,}."),
-                        Table(("classes", *splits, "total"), rows)]
+                        Table(("classes", *splits, "total"), rows, legend=self._split_legend(
+                            {"classes": "the number of classes of a record (mean: classes per record)",
+                             "total": "all splits together"}, "records in the {} split with that many classes"))]
 
     def cooccurrence(self) -> None:
         """Multi-label: the pairs of classes found together on the most records."""
@@ -236,7 +252,9 @@ class Card:
         for a, b, n in top:
             rarer = min(totals[by_id.get(a, "")], totals[by_id.get(b, "")])
             rows.append((a, by_id.get(a, ""), b, by_id.get(b, ""), n, f"{100 * n / rarer:.1f}%" if rarer else ""))
-        self.blocks += [Para(note), Table(("id", "class", "id", "class", "records", "share"), rows)]
+        self.blocks += [Para(note), Table(("id", "class", "id", "class", "records", "share"), rows, legend={
+            "id": "a class id", "class": "its name", "records": "records that have both classes",
+            "share": "those records as a share of the records of the rarer of the two classes"})]
 
     def samples(self, picker: SamplePicker) -> None:
         rows: list[tuple[Cell, ...]] = []
@@ -255,22 +273,34 @@ class Card:
             note += f" Showing the first {len(rows)} classes by id of the {with_records:,} classes with records."
         self.blocks += [Heading("Samples"), Para(note)]
         if rows:
-            self.blocks.append(Table(("id", "class", "samples"), rows))
+            self.blocks.append(Table(("id", "class", "samples"), rows, legend={
+                "id": "the class id", "class": "the class name",
+                "samples": f"thumbnails of up to {SAMPLES} of its records, smallest sha256 first"}))
 
     def quality(self, scan: QualityScan) -> None:
-        self.blocks += quality_blocks(scan, self.m.num_records, self.strip)
+        params = self.m.params
+        recorded = "quality_flags" in (self.m.build or {})  # (the manifest's counts: what the datasets page shows)
+        self.blocks += quality_blocks(
+            scan, counts.records(self.m), self.strip, class_records=self.scan.class_totals(),
+            flag_counts=counts.quality_flags(self.m) if recorded else None,
+            pngs_measured=measures_png(int(params.get("near_duplicate_bits") or 0),
+                                       str(params.get("quality_reject") or "")))
 
-    def rejects(self, counts: Counter[str], examples: list[tuple[str, str, str]]) -> None:
+    def rejects(self, reasons: Counter[str], examples: list[tuple[str, str, str]]) -> None:
         self.blocks.append(Heading("Rejects"))
-        if not counts:
+        if not reasons:
             self.blocks.append(Para("No files were rejected."))
             return
-        by_count = sorted(counts.items(), key=lambda x: (-x[1], x[0]))
+        by_count = sorted(reasons.items(), key=lambda x: (-x[1], x[0]))
         rows: list[tuple[Cell, ...]] = [(reason, n) for reason, n in by_count]
-        rows.append(("total", sum(counts.values())))
-        self.blocks += [Table(("reason", "files"), rows),
+        rows.append(("total", sum(reasons.values())))
+        self.blocks += [Table(("reason", "files"), rows, legend={
+                            "reason": "why the files were not stored (docs/bad-input.md lists every reason)",
+                            "files": "source files rejected for it; the total is the Rejected count above"}),
                         Para(f"Examples: up to {REJECT_EXAMPLES} files, the smallest names of each reason."),
-                        Table(("file", "reason", "detail"), [tuple(r) for r in examples])]
+                        Table(("file", "reason", "detail"), [tuple(r) for r in examples], legend={
+                            "file": "the file's path under the source", "reason": "why it was rejected",
+                            "detail": "what the check found (at most 200 characters)"})]
 
     def shards(self) -> None:
         rows: list[tuple[Cell, ...]] = []
@@ -282,7 +312,11 @@ class Card:
                          *((_mb(min(values)), _mb(statistics.median(values)), _mb(max(values))) if values
                            else ("", "", ""))))
         self.blocks += [Heading("Shards"), Para("Sizes in MB (10^6 bytes)."),
-                        Table(("split", "shards", "records", "total MB", "min MB", "median MB", "max MB"), rows)]
+                        Table(("split", "shards", "records", "total MB", "min MB", "median MB", "max MB"), rows,
+                              legend={"split": "the split", "shards": "its TFRecord files",
+                                      "records": "the records they hold together (as in Records per split and class)",
+                                      "total MB": "their size together", "min MB": "the smallest shard",
+                                      "median MB": "the median shard", "max MB": "the largest shard"})]
         if any(sizes.values()):
             self.blocks.append(self._png("card/shards.png", plot.shards_chart(sizes), "Shard sizes"))
 
@@ -309,7 +343,9 @@ class Card:
                             ("files inspected", int(build.get("files_inspected", 0))),
                             ("inspections reused", int(build.get("inspections_reused", 0))),
                             ("MB read from the source", _mb(build.get("source_bytes_read", 0))),
-                        ])]
+                        ], legend={"build": "what is counted", "value": "its value for this build. Files inspected: "
+                                   "source files read and checked by this build; inspections reused: files unchanged "
+                                   "since the previous version, whose checks were taken over"})]
 
     def changes(self, old_manifest: Manifest, old: LabelScan, diff: Diff) -> None:
         now, before = self.scan.classes(), old.classes()
@@ -320,7 +356,9 @@ class Card:
             Para(f"Compared with version {old_manifest.version}: {delta:+,} records. Images are matched by "
                  "file name; changed means the same file name with new content (sha256); a class is present when "
                  f"it has records. Examples are the {EXAMPLES} smallest names."),
-            Table(("change", "count", "examples"), [
+            Table(("change", "count", "examples"), legend={
+                "change": "what changed since the previous version", "count": "how many images or classes",
+                "examples": f"up to {EXAMPLES} of them, the smallest names"}, rows=[
                 ("images added", diff.added, _names(diff.examples["added"])),
                 ("images removed", diff.removed, _names(diff.examples["removed"])),
                 ("images changed", diff.changed, _names(diff.examples["changed"])),
@@ -334,7 +372,9 @@ class Card:
         rows: list[tuple[Cell, ...]] = [(s, old_split[s], now_split[s], f"{now_split[s] - old_split[s]:+,}")
                                         for s in splits]
         rows.append(("total", old_split.total(), now_split.total(), f"{now_split.total() - old_split.total():+,}"))
-        self.blocks.append(Table(("split", "previous", "this version", "change"), rows))
+        self.blocks.append(Table(("split", "previous", "this version", "change"), rows, legend={
+            "split": "the split", "previous": f"its records in version {old_manifest.version}",
+            "this version": "its records now", "change": "this version minus the previous"}))
         self.build()
 
     def params(self) -> None:
@@ -348,12 +388,18 @@ class Card:
             ("shard_size_mb", str(params.get("shard_size_mb", ""))),
             ("compression", self.m.compression),
             ("source fingerprint", self.m.source_fingerprint),
-        ])]
+        ], legend={"parameter": "a build option (docs/configuration.md)", "value": "its value for this version. "
+                   "splits: each split's fraction of the records; salt: mixed into each image's content hash, which "
+                   "picks its split; source fingerprint: a hash of the source's listing (names, sizes, modification "
+                   "times) and of the release and params"})]
         self.images()
         self.labels()
         self.blocks += [Heading("Features"), Table(("key", "dtype", "shape"), [
             (key, str(spec.get("dtype", "")), _shape(spec.get("shape", "")))
-            for key, spec in (self.m.features or {}).items()])]
+            for key, spec in (self.m.features or {}).items()], legend={
+                "key": "the feature's key in each record (a tf.train.Example)",
+                "dtype": "its type: string (bytes), int64 or float32",
+                "shape": "[] one value, [n] n values, [variable length] a list"})]
 
     def images(self) -> None:
         """The image options the version was built with (a manifest from before them: images as read)."""
@@ -374,7 +420,8 @@ class Card:
             ("jpeg_quality", f"{o['jpeg_quality']}" + (" (not used)" if encoding in ("png", "raw") else "")),
             ("channels", _channels(o["channels"], encoding)),
             ("filter", str(o["filter"]) + ("" if resize not in ("none", "") else " (not used: no resize)")),
-        ]))
+        ], legend={"option": "an image option of the build (docs/features.md)",
+                   "value": "its value for this version, and what it does"}))
 
     def labels(self) -> None:
         """Single- or multi-label, the separator, and the labels.csv metadata columns stored as features."""
@@ -385,7 +432,9 @@ class Card:
                        "are lists)" if multi else "single-label: one class per record")]
         if multi or self.m.label_separator is not None:
             rows.append(("label separator", repr(sep)))
-        self.blocks += [Heading("Labels", 3), Table(("option", "value"), rows), Heading("Metadata columns", 3)]
+        self.blocks += [Heading("Labels", 3), Table(("option", "value"), rows, legend={
+                            "option": "how labels are read", "value": "its value for this version"}),
+                        Heading("Metadata columns", 3)]
         if not columns:
             self.blocks.append(Para("No metadata columns: the records hold no labels.csv columns."))
             return
@@ -395,7 +444,10 @@ class Card:
                         Table(("column", "type", "dtype", "shape"), [
                             (str(name), str(kind), str(features.get(name, {}).get("dtype", "")),
                              _shape(features.get(name, {}).get("shape", "")))
-                            for name, kind in columns.items()])]
+                            for name, kind in columns.items()], legend={
+                            "column": "the labels.csv column, and the feature's key", "type": "its type as given to "
+                            "the build (--columns)", "dtype": "the feature's type in the record",
+                            "shape": "[] one value, [variable length] a list"})]
 
 
 def split_names(manifest: Manifest) -> list[str]:
@@ -469,9 +521,10 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
                fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "",
                near_rows: Callable[[], Iterable[dict[str, str]]] | None = None,
                previous_strip: Callable[[str, list[str]], bytes | None] = lambda _path, _key: None,
-               facts: LabelFacts | None = None) -> dict[str, bytes]:
+               facts: LabelFacts | None = None, uri: str = "") -> dict[str, bytes]:
     """Render the dataset card of one version: ``{"card.md": ..., "card.html": ..., "card/*.png": ...}``.
-    ``facts``: ``scan_labels`` of the same rows, made earlier (scanned again unless it assumed this manifest)."""
+    ``facts``: ``scan_labels`` of the same rows, made earlier (scanned again unless it assumed this manifest);
+    ``uri``: where the version is published, for the "Load this version" snippets (none without it)."""
     manifest = as_manifest(manifest)
     old_manifest = as_manifest(previous.manifest) if previous is not None else None
     separator = separator_of(manifest)
@@ -481,13 +534,16 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     scan = facts.scan
     card = Card(manifest, split_names(manifest), scan, fetch_image, previous_strip)
     card.header()
+    if uri:
+        card.blocks += load_blocks(uri, manifest)
     card.records()
     if separator is not None:
         card.label_sets()
         card.cooccurrence()
     card.samples(facts.picker)
     card.quality(facts.quality)
-    card.blocks += near_duplicate_blocks(facts.near, int(manifest.params.get("near_duplicate_bits") or 0), card.strip)
+    card.blocks += near_duplicate_blocks(facts.near, int(manifest.params.get("near_duplicate_bits") or 0), card.strip,
+                                         counts.near_duplicate_groups(manifest))  # (what the datasets page shows)
     card.rejects(*facts.rejects)
     card.shards()
     if old_manifest is None or facts.old is None or facts.diff is None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import DamagedFile
 from ..options import DEFAULT_DESTINATION
+from ..published import counts
 from ..published.layout import (
     LATEST,
     LEGACY_MANIFEST,
@@ -31,7 +32,6 @@ from ..published.layout import (
     version_key,
 )
 from ..published.manifest import Manifest
-from ..records.schema import ordered_splits
 from ..storage import Storage, StorageError, StoreUnreachable, is_s3, join
 
 DESTINATION_ENV = "IMAGE_TFRECORDS_DESTINATION"
@@ -73,6 +73,7 @@ class VersionInfo:
     gate: str = ""  # the publish gate's verdict (0.7.0+: off, passed, accepted, approved); "" when not recorded
     quality_flags: dict[str, int] = field(default_factory=dict)  # records stored with each quality flag (0.7.0+)
     near_duplicate_groups: int = 0  # near-duplicate groups found by its build (0.6.0+)
+    flag_shares: dict[str, str] = field(default_factory=dict)  # each flag's share of the records, as the card says
 
 
 @dataclass
@@ -139,9 +140,9 @@ def version_info(storage: Storage, dataset_uri: str, version: str, latest: str |
         if where is None:
             raise FileNotFoundError(join(uri, MANIFEST))
         manifest = Manifest.parse(json.loads(storage.read_bytes(where)), where)
-        return VersionInfo(
-            version=version, num_records=manifest.num_records, num_rejected=manifest.num_rejected,
-            classes=list(manifest.classes), splits=_split_counts(manifest), compression=manifest.compression,
+        return VersionInfo(  # the numbers the card shows too, by the same functions (published.counts)
+            version=version, num_records=counts.records(manifest), num_rejected=counts.rejected(manifest),
+            classes=counts.classes(manifest), splits=counts.split_records(manifest), compression=manifest.compression,
             latest=version == latest, has_card=has_card, as_of=manifest.as_of,
             manifest_file=where.rsplit("/", 1)[-1], **_checks(manifest))
     except (FileNotFoundError, ValueError, DamagedFile):
@@ -150,20 +151,13 @@ def version_info(storage: Storage, dataset_uri: str, version: str, latest: str |
 
 
 def _checks(manifest: Manifest) -> dict[str, Any]:
-    """What the version's build checked (the gate's verdict, quality flags, near-duplicate groups), from its
-    manifest's ``build``; empty values for a version from before them."""
+    """What the version's build checked (the gate's verdict, quality flags and their shares, near-duplicate groups),
+    from its manifest's ``build``; empty values for a version from before them."""
     build = manifest.build or {}
     gate = build.get("gate") if isinstance(build.get("gate"), dict) else {}
-    flags = build.get("quality_flags") if isinstance(build.get("quality_flags"), dict) else {}
-    near = build.get("near_duplicates") if isinstance(build.get("near_duplicates"), dict) else {}
-    return {"gate": str(gate.get("verdict", "")),
-            "quality_flags": {str(k): v for k, v in flags.items() if isinstance(v, int) and v > 0},
-            "near_duplicate_groups": near.get("groups_found", 0) if isinstance(near.get("groups_found"), int) else 0}
-
-
-def _split_counts(manifest: Manifest) -> dict[str, int]:
-    """Records per split: train, validation, test first (as is customary), then any others by name."""
-    return {name: manifest.splits[name].num_records for name in ordered_splits(manifest.splits)}
+    return {"gate": str(gate.get("verdict", "")), "quality_flags": counts.quality_flags(manifest),
+            "flag_shares": counts.flag_shares(manifest),
+            "near_duplicate_groups": counts.near_duplicate_groups(manifest)}
 
 
 def _prime(storage: Storage, uri: str) -> None:

@@ -144,7 +144,7 @@ def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = No
     files = build_card(manifest, _rows(storage, staged(cfg, LABELS)), _rows(storage, staged(cfg, REJECTS)),
                        previous, fetch_image, labels_sha256=storage.sha256_of(staged(cfg, LABELS)) or "",
                        near_rows=_near_rows(cfg, storage), previous_strip=_previous_strips(cfg, storage, manifest),
-                       facts=facts)
+                       facts=facts, uri=join(cfg.dataset_uri, cfg.version))
     for name in sorted(files):
         storage.write_bytes(staged(cfg, CARD, name), files[name])
     write_json(storage, staged(cfg, CARD_INDEX), sorted(files))
