@@ -182,10 +182,11 @@ OPTIONS: tuple[Option, ...] = (
            "A labels.csv column whose value keys the split instead of the image's content hash, so that all of a "
            "patient's, camera's or source document's images land in one split (an empty cell: the content hash). "
            "Changing it reassigns images.", SPLITS, effect="split", max_length=200, nullable=True),
-    Option("near_duplicate_bits", "integer", 0, "Near-duplicate distance (bits)",
-           "0 (default): off. N: images whose perceptual hashes differ in at most N of 63 bits are near-duplicates "
-           "(re-encodes, resizes, small crops; 12 suits photos): a group of them goes to one split, and published "
-           "records never move.", SPLITS, effect="selection", minimum=0, maximum=24),
+    Option("near_duplicate_bits", "integer", 8, "Near-duplicate distance (bits)",
+           "Images whose perceptual hashes differ in at most this many of 63 bits are near-duplicates (re-encodes, "
+           "resizes, small crops): a group of them goes to one split, and published records never move. Images "
+           "under 128 pixels on their shorter side or nearly flat (contrast under 5) take no part: their hash "
+           "is unreliable. 0: off.", SPLITS, effect="selection", minimum=0, maximum=24),
     Option("near_duplicate_labels", "string", "reject", "Near-duplicates under two labels",
            "reject: like identical files under two labels, none is stored (near_duplicate_label_conflict); keep: "
            "store them (in one split) and count them.", SPLITS, effect="selection", choices=("reject", "keep")),

@@ -5,12 +5,19 @@ TensorFlow; nights that add variants of published photos; near-duplicates under 
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from PIL import Image, ImageDraw
 
+from image_tfrecords.images.perceptual import distance
+from image_tfrecords.options import DEFAULT_SPLITS as SPLITS
+from image_tfrecords.options import default
+from image_tfrecords.rules import near_duplicates as nd
+from image_tfrecords.rules.splits import assign_split
 from image_tfrecords.storage import Storage
 from tests.near_duplicates_corpus import KINDS, write_corpus
 from tests.support import read_csv, run_cli
@@ -118,3 +125,70 @@ def test_near_duplicates_under_two_labels(corpus, tmp_path: Path) -> None:  # ty
     build(folder, tmp_path / "off", "v1", "--near-duplicate-bits", "0")  # off: as before, both kept
     assert not read_csv(tmp_path / "off" / "d" / "v1" / "rejects.csv")
     assert read_csv(tmp_path / "off" / "d" / "v1" / "near_duplicates.csv") == []
+
+
+def faint(size: tuple[int, int], colour: tuple[int, int, int]) -> Image.Image:
+    """A near-uniform picture: ``colour`` with a faint left-to-right ramp (contrast about 5): every such
+    picture hashes alike, whatever its colour."""
+    ramp = Image.linear_gradient("L").rotate(90).resize(size).point(lambda v: v * 16 // 255)
+    return Image.merge("RGB", [ramp.point(lambda v, c=c: min(255, c + v)) for c in colour])
+
+
+def shape(size: tuple[int, int], colour: tuple[int, int, int]) -> Image.Image:
+    """A small flat graphic (as ``image-tfrecords sample`` draws): a disc on a plain background."""
+    image = Image.new("RGB", size, (240, 240, 240))
+    ImageDraw.Draw(image).ellipse((size[0] // 8, size[1] // 6, size[0] // 2, size[1] * 2 // 3), fill=colour)
+    return image
+
+
+def test_by_default_variants_share_a_split_and_unreliable_hashes_group_with_nothing(corpus, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 51: a build with no near-duplicate option groups photos with their variants; flat pictures and
+    small graphics, whose hashes are alike across labels, are left out by the reliability gate and counted."""
+    source, _, variants = corpus
+    folder = tmp_path / "src"
+    chosen = dict(list(variants.items())[:6])
+    for name in [*chosen, *(copy for copies in chosen.values() for copy in copies)]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / name, folder / name)
+    unreliable = {"alpha/faint.jpg": faint((480, 360), (60, 90, 200)),
+                  "beta/faint.png": faint((480, 360), (200, 90, 60)),
+                  "alpha/disc.jpg": shape((nd.MIN_SIDE - 8, nd.MIN_SIDE - 20), (200, 30, 30)),
+                  "gamma/disc.png": shape((nd.MIN_SIDE - 8, nd.MIN_SIDE - 20), (30, 30, 200))}
+    for name, image in unreliable.items():
+        image.save(folder / name)
+    result = run_cli("build", "--source", str(folder), "--destination", str(tmp_path), "--dataset", "d", "--version",
+                     "v1", "--workers", "2", "--no-progress")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    version = tmp_path / "d" / "v1"
+    assert not read_csv(version / "rejects.csv")  # nothing lost: no label conflict among the unreliable ones
+    labels = {row["filename"]: row for row in read_csv(version / "labels.csv")}
+    groups = groups_of(version)
+    inspected = {row["filename"]: row for row in read_csv(version / "inspected.csv")}
+    left_out = {name for name, row in inspected.items() if nd.gated(row)}
+    pairs = [(photo, copy) for photo, copies in chosen.items() for copy in copies if not {photo, copy} & left_out]
+    assert len(pairs) >= 0.9 * len(chosen) * len(KINDS)
+    assert all(labels[a]["split"] == labels[b]["split"] for a, b in pairs)
+    assert sum(groups.get(a) is not None and groups.get(a) == groups.get(b) for a, b in pairs) >= 0.95 * len(pairs)
+    assert set(unreliable) <= left_out and not left_out & set(groups)
+    hashes = {name: row["phash"] for name, row in inspected.items()}
+    # near, and across labels: without the gate, both were rejected (the discs are left out for their size)
+    assert distance(hashes["alpha/faint.jpg"], hashes["beta/faint.png"]) <= default("near_duplicate_bits")
+    manifest = json.loads((version / "manifest.json").read_text())
+    near = manifest["build"]["near_duplicates"]
+    assert near["bits"] == default("near_duplicate_bits") > 0 and near["gated"] == len(left_out)
+    assert manifest["params"]["near_duplicate_bits"] == default("near_duplicate_bits")
+
+
+def test_the_sample_images_lose_nothing_by_default(sample_dir: Path, tmp_path: Path) -> None:
+    """``image-tfrecords sample``'s flat shapes: by default none is grouped or rejected, and each is where its
+    content hash puts it, as with the search off."""
+    result = run_cli("build", "--source", str(sample_dir), "--destination", str(tmp_path), "--dataset", "d",
+                     "--version", "v1", "--workers", "2", "--no-progress")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    version = tmp_path / "d" / "v1"
+    labels = read_csv(version / "labels.csv")
+    assert len(labels) == 60 and not read_csv(version / "rejects.csv") and not groups_of(version)
+    assert all(row["split"] == assign_split(row["sha256"], "", SPLITS) for row in labels)
+    near = json.loads((version / "manifest.json").read_text())["build"]["near_duplicates"]
+    assert near["groups_found"] == 0
+    assert near["gated"] == sum(nd.gated(row) for row in read_csv(version / "inspected.csv")) > 0

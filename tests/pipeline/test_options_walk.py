@@ -25,11 +25,13 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from bench.make_corpus import synthetic_photo
 from image_tfrecords import cli
 from image_tfrecords.images.sample import make_sample
 from image_tfrecords.options import BY_NAME, OPTIONS
 from image_tfrecords.published.manifest import Manifest
 from image_tfrecords.rules.base_version import recorded
+from image_tfrecords.rules.near_duplicates import MIN_SIDE
 from tests.pipeline.test_incremental import signal_handlers_kept
 
 OTHER_SOURCE = "{other source}"  # stands for a copy of the source without one file
@@ -40,8 +42,8 @@ WALK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "splits": ((), ("--splits", "train=0.5,validation=0.25,test=0.25")),
     "salt": ((), ("--salt", "walk")),
     "group_column": ((), ("--group-column", "patient")),
-    "near_duplicate_bits": ((), ("--near-duplicate-bits", "12")),
-    "near_duplicate_labels": (("--near-duplicate-bits", "12"), ("--near-duplicate-labels", "keep")),
+    "near_duplicate_bits": ((), ("--near-duplicate-bits", "0")),  # on by default: off
+    "near_duplicate_labels": ((), ("--near-duplicate-labels", "keep")),
     "shard_size_mb": ((), ("--shard-size-mb", "0.05")),
     "compression": ((), ("--compression", "gzip")),
     "max_reject_fraction": ((), ("--max-reject-fraction", "0.5")),
@@ -65,7 +67,8 @@ WALK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gate_quality_share": (("--gate",), ("--gate-quality-share", "0.5")),
     "gate_near_duplicates_across_labels": (("--gate",), ("--gate-near-duplicates-across-labels", "3")),
     "accept_gate": (("--gate",), ("--accept-gate",)),
-    "as_of": ((), ("--as-of", "2010-01-01T00:00:00+00:00")),
+    # labels.csv names the files after as_of (missing_file), beside the near-duplicate pair's two rejects
+    "as_of": (("--max-reject-fraction", "0.5"), ("--as-of", "2010-01-01T00:00:00+00:00")),
 }
 NOT_WALKED = {
     "destination": "where the version goes: a build on a base goes where the base is",
@@ -97,8 +100,9 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     noise.save(source / "circles" / "heavy.png")  # about 30 kB: over --max-file-mb 0.02
     Image.new("RGB", (250, 250), (200, 30, 30)).save(source / "circles" / "large.png")  # over --max-pixels 50000
     Image.new("RGB", (120, 120), (2, 2, 2)).save(source / "squares" / "dark.jpg", quality=90)  # flagged dark
-    with Image.open(source / "triangles" / "triangle_000.jpg") as near:  # a near-duplicate under another label
-        near.resize((near.width * 9 // 10, near.height * 9 // 10)).save(source / "circles" / "near.jpg", quality=80)
+    photo = synthetic_photo(random.Random(7), (MIN_SIDE + 64, MIN_SIDE + 24))  # a hash the gate lets through
+    photo.save(source / "triangles" / "photo.jpg", quality=90)  # and a near-duplicate under another label
+    photo.resize((MIN_SIDE + 40, MIN_SIDE + 8)).save(source / "circles" / "near.jpg", quality=80)
     Image.new("RGB", (64, 48), (30, 120, 200)).save(source / "squares" / "photo.avif")  # a modern format
     names = sorted(p.relative_to(source).as_posix() for p in source.rglob("*.*"))
     with open(source / "labels.csv", "w", newline="") as f:

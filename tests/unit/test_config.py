@@ -123,7 +123,7 @@ def test_to_dict_round_trips() -> None:
                              "chunk_files": 2000, "chunk_mb": 1000.0, "resize": "none", "fit": "crop",
                              "upscale": False, "encoding": "original", "jpeg_quality": 95, "channels": 0,
                              "columns": {}, "label_separator": "|", "modern_formats": True,
-                             "near_duplicate_bits": 0, "near_duplicate_labels": "reject", "group_column": "",
+                             "near_duplicate_bits": 8, "near_duplicate_labels": "reject", "group_column": "",
                              "quality_reject": "",
                              "gate": False, "gate_reject_share": 0.05, "gate_class_share": 0.1,
                              "gate_quality_share": 0.1, "gate_near_duplicates_across_labels": 0,

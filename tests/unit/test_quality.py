@@ -131,9 +131,9 @@ def test_a_png_is_measured_only_when_asked() -> None:
     quiet, measured = inspect_image(buffer.getvalue(), png_pixels=False), inspect_image(buffer.getvalue())
     assert (quiet.phash, quiet.brightness, quiet.quality) == ("", "", "")
     assert len(measured.phash) == 16 and measured.brightness and measured.quality == ""
-    assert BuildConfig("/in", "/out", "d", "v1").png_pixels is False
-    assert BuildConfig("/in", "/out", "d", "v1", near_duplicate_bits=12).png_pixels is True
-    assert BuildConfig("/in", "/out", "d", "v1", quality_reject="tiny").png_pixels is True
+    assert BuildConfig("/in", "/out", "d", "v1", near_duplicate_bits=0).png_pixels is False
+    assert BuildConfig("/in", "/out", "d", "v1").png_pixels is True  # the near-duplicate search is on by default
+    assert BuildConfig("/in", "/out", "d", "v1", near_duplicate_bits=0, quality_reject="tiny").png_pixels is True
 
 
 BLAS_SCRIPT = """

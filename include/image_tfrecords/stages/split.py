@@ -21,7 +21,7 @@ from ..published import layout
 from ..published.layout import NEAR_DUPLICATES_FIELDS
 from ..published.manifest import Manifest
 from ..records.schema import REJECTS_FIELDS, record_fields
-from ..rules.near_duplicates import Placement, hash_array, place
+from ..rules.near_duplicates import Placement, hash_array, place, unreliable
 from ..rules.splits import DuplicateResolver, assign_split, content_columns, split_assigner, unit_points
 from ..staging import (
     DISCOVER_REJECTS,
@@ -110,7 +110,8 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                "rejects_by_reason": dict(sorted(reasons.items())),
                "quality_flags": {flag: flagged[flag] for flag in FLAGS if flagged[flag]},
                "near_duplicates": {"bits": cfg.near_duplicate_bits, "groups_found": placement.groups,
-                                   "records_in_groups": near.count, "kept_across_labels": placement.kept_across_labels},
+                                   "records_in_groups": near.count, "kept_across_labels": placement.kept_across_labels,
+                                   "gated": placement.gated},
                "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
                           for name, c in per_split.items()}}
     write_json(storage, staged(cfg, SPLIT_SUMMARY), summary)
@@ -342,7 +343,8 @@ def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) ->
 def _near_duplicates(cfg: BuildConfig, storage: Storage, inspected: str, col: dict[str, int],
                      resolver: DuplicateResolver, published: dict[str, tuple[str, str]]) -> Placement:
     """Group the images of ``inspected`` (images.csv) that ``resolver`` keeps and place the groups
-    (``rules.near_duplicates``); row numbers of images.csv index the placement."""
+    (``rules.near_duplicates``); row numbers of images.csv index the placement. An image the reliability
+    gate leaves out (``rules.near_duplicates.gated``) is grouped with nothing, and counted."""
     names: list[str] = []
     shas: list[str] = []
     labels: list[str] = []
@@ -352,16 +354,23 @@ def _near_duplicates(cfg: BuildConfig, storage: Storage, inspected: str, col: di
         return Placement()
     with list_rows(storage, inspected) as rows, _group_values(cfg, storage) as group_of:
         name, label, sha, phash = col["filename"], col["label"], col["sha256"], col["phash"]
+        width, height, contrast = col["width"], col["height"], col["contrast"]
+        gated = 0
         for values in rows.reader:
             names.append(values[name])
             shas.append(values[sha])
             labels.append(values[label])
-            hashes.append("" if resolver.verdict(values[name], values[sha]) else values[phash])
+            value = "" if resolver.verdict(values[name], values[sha]) else values[phash]
+            if value and unreliable(values[width], values[height], values[contrast]):
+                value = ""
+                gated += 1
+            hashes.append(value)
             groups.append(group_of(values[name]))
     placement = place(names, shas, labels, hash_array(hashes), published, cfg.near_duplicate_bits, cfg.salt,
                       cfg.splits, keep_across_labels=cfg.near_duplicate_labels == "keep", group_values=groups)
-    log.info("near-duplicates: %d groups of new images (%d bits); %d images rejected", placement.groups,
-             cfg.near_duplicate_bits, len(placement.rejected))
+    placement.gated = gated
+    log.info("near-duplicates: %d groups of new images (%d bits); %d images rejected; %d left out by the "
+             "reliability gate", placement.groups, cfg.near_duplicate_bits, len(placement.rejected), gated)
     return placement
 
 
