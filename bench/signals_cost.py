@@ -107,7 +107,7 @@ def per_image(corpus: Path, files: int = 1000) -> dict[str, Any]:
     image by image, which goes first alternating (so the machine's drift, which moves whole builds by 10%
     between rounds, and the caches the first of the two calls warms for the second cancel): the
     first ``files`` images of the corpus in sorted order, each inspected both ways, twice, as a default
-    build inspects them (PNGs checked without their pixels)."""
+    build without the near-duplicate search or quality_reject inspects them (PNGs checked without their pixels)."""
     from image_tfrecords.errors import RejectedImage
     from image_tfrecords.images import probe
 
@@ -126,7 +126,7 @@ def per_image(corpus: Path, files: int = 1000) -> dict[str, Any]:
                 probe._thumbnail_facts = measuring if variant == "with" else (lambda *a, **k: ("", probe._UNMEASURED))
                 started = time.process_time()
                 with contextlib.suppress(RejectedImage):  # a reject costs what it costs, either way
-                    probe.inspect_image(data, png_pixels=False)  # as a default build: PNGs unmeasured
+                    probe.inspect_image(data, png_pixels=False)  # as a build without the search: PNGs unmeasured
                 times[variant].append(time.process_time() - started)
     probe._thumbnail_facts = measuring
     return {"files": len(datas), **{v: 1e6 * statistics.fmean(t) for v, t in times.items()}}

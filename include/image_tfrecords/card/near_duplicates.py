@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ..rules.near_duplicates import GATE
 from .render import Block, Cell, Heading, Para, Table
 
 SHOWN = 6  # groups shown
@@ -50,16 +51,20 @@ class NearDuplicateView:
 
 def near_duplicate_blocks(view: NearDuplicateView, bits: int,
                           strip: Callable[[str, list[dict[str, str]], int, str], Cell],
-                          found: int | None = None) -> list[Block]:
+                          found: int | None = None, gated: int = 0) -> list[Block]:
     """The card's blocks for ``view`` (a build with ``near_duplicate_bits`` ``bits``); ``strip(path, rows,
     limit, alt)`` adds a strip of thumbnails (``Card.strip``). ``found``: the groups the build formed among the
     images new to the version, as its manifest records them (``published.counts.near_duplicate_groups``, the
-    number the datasets page shows; None: not recorded)."""
+    number the datasets page shows; None: not recorded). ``gated``: the images the build left out of the search
+    (``published.counts.near_duplicate_gated``)."""
     blocks: list[Block] = [Heading("Near-duplicates")]
     formed = "" if not found else (
         f" This build formed {found:,} groups among the images new to this version (the number the datasets page "
         "shows): a group under several labels is rejected (near_duplicate_label_conflict) unless "
         "near_duplicate_labels is keep, and new images near published ones join their group.")
+    if bits > 0 and gated:
+        formed += (f" {gated:,} images new to this build took no part in the search: their hash says too little to "
+                   f"be trusted ({GATE}; docs/near-duplicates.md).")
     if not view.groups:
         what = "off (near_duplicate_bits 0)" if bits <= 0 else f"on ({bits} bits) and found no group"
         if bits > 0 and found:

@@ -543,7 +543,8 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     card.samples(facts.picker)
     card.quality(facts.quality)
     card.blocks += near_duplicate_blocks(facts.near, int(manifest.params.get("near_duplicate_bits") or 0), card.strip,
-                                         counts.near_duplicate_groups(manifest))  # (what the datasets page shows)
+                                         counts.near_duplicate_groups(manifest),  # (what the datasets page shows)
+                                         counts.near_duplicate_gated(manifest))
     card.rejects(*facts.rejects)
     card.shards()
     if old_manifest is None or facts.old is None or facts.diff is None:

@@ -57,6 +57,14 @@ def near_duplicate_groups(manifest: Manifest) -> int:
     return groups if isinstance(groups, int) and not isinstance(groups, bool) else 0
 
 
+def near_duplicate_gated(manifest: Manifest) -> int:
+    """Images the build left out of the near-duplicate search, their hash saying too little (``build.
+    near_duplicates.gated``, the reliability gate of ``rules.near_duplicates``), 0 when not recorded."""
+    near = _build(manifest).get("near_duplicates")
+    gated = near.get("gated") if isinstance(near, Mapping) else None
+    return gated if isinstance(gated, int) and not isinstance(gated, bool) else 0
+
+
 def share(count: int, total: int) -> str:
     """``count`` as a share of ``total``, as the card and the page write it: one decimal, ``12.5%``."""
     return f"{count / total:.1%}" if total else "0.0%"
