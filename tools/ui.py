@@ -92,7 +92,7 @@ def _token(api: str, password: str) -> str:
     request = urllib.request.Request(f"{api}/auth/token", method="POST",
                                      data=json.dumps({"username": "admin", "password": password}).encode(),
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with urllib.request.urlopen(request, timeout=60) as response:  # a busy api-server takes its time
         return json.loads(response.read())["access_token"]
 
 

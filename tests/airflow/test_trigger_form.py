@@ -1,4 +1,5 @@
-"""`make ui` as a new user first meets it, in Debian's headless Chromium driven over WebDriver: sign in on
+"""`make ui` as a new user first meets it, in Debian's headless Chromium driven over WebDriver: the DAGs are
+listed without import errors and the datasets page answers (``tools/ui.py``'s own check); sign in on
 Airflow's login page, open the DAG `image_tfrecords`, press Trigger and, in the form, its Trigger button with
 every default untouched (the "Unpause" box ticked, as it comes). The run succeeds and publishes, and no run
 of the DAG fails, the scheduled one that unpausing starts included (its snapshot sees only files modified
@@ -23,9 +24,8 @@ import pytest
 from image_tfrecords.published import layout
 from image_tfrecords.storage import Storage
 from tests.airflow.test_browser import Browser, _ensure_chromium, _evidence, _sign_in, _stop, _wait, _wait_for_path
-from tests.airflow.test_ui import _airflow_processes
 from tools import seaweedfs
-from tools.ui import BUCKET, _get, _token
+from tools.ui import BUCKET, _get, _token, check
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG = "image_tfrecords"
@@ -38,6 +38,22 @@ const [text, inDialog] = arguments;
 return [...document.querySelectorAll('button')].find(b => b.textContent.trim() === text && b.offsetParent !== null
     && !!b.closest('[role="dialog"]') === inDialog) || null;
 """
+
+
+def _airflow_processes(home: Path) -> list[str]:
+    """Processes whose environment names ``home`` as AIRFLOW_HOME (what the run started)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if f"AIRFLOW_HOME={home}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
 DIALOG_TEXT = "const d = document.querySelector('[role=\"dialog\"][aria-modal=\"true\"]'); return d ? d.innerText : ''"
 
 
@@ -85,6 +101,7 @@ def _runs(url: str, token: str) -> list[dict]:
 def test_trigger_form_with_its_defaults_runs_and_publishes(make_ui: dict[str, str], tmp_path: Path) -> None:
     started = time.monotonic()
     url = make_ui["url"]
+    check(url, Path(make_ui["work"]) / "airflow")  # the DAGs listed, no import error, the datasets page answers
     with _chromium(tmp_path) as browser:
         browser.get(f"{url}/")
         _wait_for_path(browser, lambda path: path == "/auth/login", 60, "the sign-in page")
