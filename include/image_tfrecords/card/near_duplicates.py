@@ -63,7 +63,7 @@ def near_duplicate_blocks(view: NearDuplicateView, bits: int,
         "shows): a group under several labels is rejected (near_duplicate_label_conflict) unless "
         "near_duplicate_labels is keep, and new images near published ones join their group.")
     if bits > 0 and gated:
-        formed += (f" {gated:,} images new to this build took no part in the search: their hash says too little to "
+        formed += (f" {gated:,} images took no part in the search: their hash says too little to "
                    f"be trusted ({GATE}; docs/near-duplicates.md).")
     if not view.groups:
         what = "off (near_duplicate_bits 0)" if bits <= 0 else f"on ({bits} bits) and found no group"
