@@ -162,7 +162,10 @@ class Nights:
     def command(self, version: str, dest: str, full: bool = False) -> list[str]:
         return [PY, "-m", "image_tfrecords", "build", "--source", str(self.source), "--destination", dest,
                 "--dataset", "nightly", "--version", version, "--workers", str(self.workers),
-                "--shard-size-mb", f"{self.shard_size_mb:g}", "--no-progress", *(["--full"] if full else [])]
+                "--shard-size-mb", f"{self.shard_size_mb:g}", "--no-progress", *(["--full"] if full else []),
+                # the search off: a night keeps published records where a full build regroups them, so near-duplicates
+                # across labels (crops of a dozen photos) make the two differ by design (docs/near-duplicates.md)
+                "--near-duplicate-bits", "0"]
 
 
 def s3_night(corpus: Path, extras: Path, work: Path, counts: dict[str, int], shard_size_mb: float,
