@@ -48,18 +48,24 @@ def main() -> None:
              f"other ({code_of(other)})": {**os.environ, "PYTHONPATH": str(other / "include")}}
     results = {name: {"incremental": [], "full": [], "stages": []} for name in sides}
     local_night(args, work, sides, results)
-    lines = [f"{args.images} images, `--workers {args.workers}`, {args.rounds} rounds taking turns (seconds):", "",
-             "| code | night, incremental | `--full` | speedup | runs (incremental; full) |",
-             "|---|---:|---:|---:|---|"]
-    for name, r in results.items():
-        inc, full = statistics.median(r["incremental"]), statistics.median(r["full"])
-        lines.append(f"| {name} | {inc:.2f} | {full:.2f} | {full / inc:.1f}x | "
-                     f"{', '.join(f'{s:.2f}' for s in r['incremental'])}; {', '.join(f'{s:.2f}' for s in r['full'])} |")
+    lines = table(f"{args.images} images, `--workers {args.workers}`, {args.rounds} rounds taking turns (seconds):",
+                  results)
     for name, r in results.items():
         lines.append(f"\n{name}, the median night's stages: {r['stages'][len(r['stages']) // 2]}")
     if args.s3:
         lines += ["", *s3_night(args, work, sides)]
     print("\n".join(lines), flush=True)
+
+
+def table(title: str, results: dict[str, dict[str, list]]) -> list[str]:
+    """A markdown table of each side's median night and ``--full``, their ratio and every run."""
+    lines = [title, "", "| code | night, incremental | `--full` | speedup | runs (incremental; full) |",
+             "|---|---:|---:|---:|---|"]
+    for name, r in results.items():
+        inc, full = statistics.median(r["incremental"]), statistics.median(r["full"])
+        lines.append(f"| {name} | {inc:.2f} | {full:.2f} | {full / inc:.1f}x | "
+                     f"{', '.join(f'{s:.2f}' for s in r['incremental'])}; {', '.join(f'{s:.2f}' for s in r['full'])} |")
+    return lines
 
 
 def local_night(args: argparse.Namespace, work: Path, sides: dict[str, dict[str, str]],
@@ -124,14 +130,7 @@ def s3_night(args: argparse.Namespace, work: Path, sides: dict[str, dict[str, st
     finally:
         seaweedfs.stop(server)
         shutil.rmtree(data, ignore_errors=True)
-    lines = [f"S3 (SeaweedFS on loopback), {args.s3} images, {args.rounds} rounds taking turns (seconds):", "",
-             "| code | night, incremental | `--full` | speedup | runs (incremental; full) |",
-             "|---|---:|---:|---:|---|"]
-    for name, r in runs.items():
-        inc, full = statistics.median(r["incremental"]), statistics.median(r["full"])
-        lines.append(f"| {name} | {inc:.2f} | {full:.2f} | {full / inc:.1f}x | "
-                     f"{', '.join(f'{s:.2f}' for s in r['incremental'])}; {', '.join(f'{s:.2f}' for s in r['full'])} |")
-    return lines
+    return table(f"S3 (SeaweedFS on loopback), {args.s3} images, {args.rounds} rounds taking turns (seconds):", runs)
 
 
 if __name__ == "__main__":
