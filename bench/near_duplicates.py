@@ -52,7 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.make_corpus import debian_photos
-from tests.near_duplicates_corpus import KINDS, variant
+from tests.near_duplicates_corpus import KINDS, variant, write_variants
 
 ROOT = Path(__file__).resolve().parent.parent
 CLASSES = ("alpha", "beta", "gamma")
@@ -145,12 +145,7 @@ def make(folder: Path, distinct: int, variants_of: int, cross: int, seed: int) -
         (folder / "source" / name).write_bytes(_jpeg(image, rng.randint(85, 95)))
         names.append(name)
         if number < variants_of:
-            variants[name] = []
-            for kind in KINDS:
-                extension, data = variant(image, kind, rng)
-                copy = f"{label}/crop{number:05d}_{kind}.{extension}"
-                (folder / "source" / copy).write_bytes(data)
-                variants[name].append((kind, copy))
+            variants[name] = write_variants(folder / "source", f"{label}/crop{number:05d}", image, rng)
         elif number < variants_of + cross:
             other = rng.choice([c for c in CLASSES if c != label])
             (folder / "source" / other).mkdir(parents=True, exist_ok=True)

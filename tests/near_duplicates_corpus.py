@@ -55,6 +55,18 @@ def variant(image: Any, kind: str, rng: random.Random) -> tuple[str, bytes]:
     raise ValueError(kind)
 
 
+def write_variants(folder: Path, stem: str, image: Any, rng: random.Random) -> list[tuple[str, str]]:
+    """Each ``variant`` of ``image``, in ``KINDS`` order, written as ``folder/<stem>_<kind>.<extension>``:
+    (kind, name) each."""
+    written = []
+    for kind in KINDS:
+        extension, data = variant(image, kind, rng)
+        name = f"{stem}_{kind}.{extension}"
+        (folder / name).write_bytes(data)
+        written.append((kind, name))
+    return written
+
+
 def write_corpus(folder: Path, photos: int, variants_of: int, seed: int = 0) -> tuple[list[str], dict[str, list[str]]]:
     """Write the corpus (see the module); returns (originals, {original: its variants})."""
     rng = random.Random(seed)
@@ -68,10 +80,5 @@ def write_corpus(folder: Path, photos: int, variants_of: int, seed: int = 0) -> 
         (folder / name).write_bytes(_jpeg(image, quality=90))
         originals.append(name)
         if number < variants_of:
-            variants[name] = []
-            for kind in KINDS:
-                extension, data = variant(image, kind, rng)
-                copy = f"{label}/photo{number:05d}_{kind}.{extension}"
-                (folder / copy).write_bytes(data)
-                variants[name].append(copy)
+            variants[name] = [copy for _, copy in write_variants(folder, f"{label}/photo{number:05d}", image, rng)]
     return originals, variants
