@@ -49,20 +49,23 @@ def quality_flags(manifest: Manifest) -> dict[str, int]:
     return {str(flag): n for flag, n in flags.items() if isinstance(n, int) and not isinstance(n, bool) and n > 0}
 
 
+def _near_count(manifest: Manifest, key: str) -> int:
+    """The whole number ``build.near_duplicates.<key>`` of ``manifest``, 0 when not recorded."""
+    near = _build(manifest).get("near_duplicates")
+    value = near.get(key) if isinstance(near, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def near_duplicate_groups(manifest: Manifest) -> int:
     """Near-duplicate groups the build formed among the images new to the version (``build.near_duplicates.
     groups_found``, 0.6.0+; near_duplicates.csv lists the version's groups), 0 when not recorded."""
-    near = _build(manifest).get("near_duplicates")
-    groups = near.get("groups_found") if isinstance(near, Mapping) else None
-    return groups if isinstance(groups, int) and not isinstance(groups, bool) else 0
+    return _near_count(manifest, "groups_found")
 
 
 def near_duplicate_gated(manifest: Manifest) -> int:
     """Images the build left out of the near-duplicate search, their hash saying too little (``build.
     near_duplicates.gated``, the reliability gate of ``rules.near_duplicates``), 0 when not recorded."""
-    near = _build(manifest).get("near_duplicates")
-    gated = near.get("gated") if isinstance(near, Mapping) else None
-    return gated if isinstance(gated, int) and not isinstance(gated, bool) else 0
+    return _near_count(manifest, "gated")
 
 
 def share(count: int, total: int) -> str:
