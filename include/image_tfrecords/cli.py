@@ -41,6 +41,7 @@ from .published.cleanup import clean_staging
 from .published.locking import LeaseKeeper
 from .published.manifest import Manifest
 from .source.preflight import check_locations, check_temp_dir, os_error_line
+from .stages.inspect import INSPECTION_MODULES
 from .storage import Storage, is_s3, join
 
 PROG = "image-tfrecords"
@@ -152,7 +153,8 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: St
     workers = max(1, workers)
     check_locations(cfg)
     check_temp_dir()
-    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, process_pool(workers) as pool:
+    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, \
+            process_pool(workers, start_now=INSPECTION_MODULES) as pool:  # forked before any S3 read (s3_reads)
 
         def still_locked() -> None:
             if lease.lost:

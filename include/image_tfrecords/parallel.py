@@ -12,7 +12,7 @@ import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -55,26 +55,56 @@ def forked(executor: Executor) -> bool:
     return bool(getattr(executor, "_processes", None))
 
 
-def _apply(fn: Callable[[T], R], batch: list[T]) -> list[R]:
-    return [fn(item) for item in batch]
+_io_pool: tuple[int, ThreadPoolExecutor] | None = None  # this process's reading threads (by pid: never forked)
 
 
-def batched_map(fn: Callable[[T], R], items: Iterable[T], executor: Executor, workers: int,
-                batch: int = 64, total: int | None = None) -> Iterator[R]:
+def io_threads(uri: str) -> int:
+    """Reads in flight per process for per-item work whose input is below ``uri``: on S3, where a read mostly
+    waits for its answer, ``IMAGE_TFRECORDS_S3_CONCURRENCY`` (default 16); 1 on a local disk (the cores are
+    the limit)."""
+    from .storage.s3_reads import concurrency
+
+    return concurrency() if uri.startswith("s3://") else 1
+
+
+def _apply(fn: Callable[..., R], batch: list[T], fetch: Callable[[T], Any] | None = None, threads: int = 1
+           ) -> list[R]:
+    """``fn(item)`` of each item of ``batch``, in order; with ``fetch``, ``fn(item, fetch(item))``, the fetches
+    run ahead on ``threads`` threads of this process (the I/O overlaps; ``fn``'s work stays on this thread)."""
+    global _io_pool
+    if fetch is None:
+        return [fn(item) for item in batch]
+    if threads <= 1 or len(batch) <= 1:
+        return [fn(item, fetch(item)) for item in batch]
+    if _io_pool is None or _io_pool[0] != os.getpid():
+        _io_pool = (os.getpid(), ThreadPoolExecutor(max_workers=threads, thread_name_prefix="io"))
+    fetched = [_io_pool[1].submit(fetch, item) for item in batch[:threads]]
+    results = []
+    for index, item in enumerate(batch):
+        if index + threads < len(batch):
+            fetched.append(_io_pool[1].submit(fetch, batch[index + threads]))
+        results.append(fn(item, fetched[index].result()))
+    return results
+
+
+def batched_map(fn: Callable[..., R], items: Iterable[T], executor: Executor, workers: int,
+                batch: int = 64, total: int | None = None, fetch: Callable[[T], Any] | None = None,
+                threads: int = 1) -> Iterator[R]:
     """Like ``map(fn, items)`` on ``executor`` (e.g. a process pool), ``batch`` items per call, in order.
 
     Batching keeps the per-item cost of pickling and scheduling small; at most ``2 * workers``
     batches are in flight, so memory stays bounded. Given the ``total`` number of items, batches are
     made smaller where that spreads a short input over every worker, about 8 batches each (63 files in
     one batch of 64 would keep one process busy and the others idle; and items cost unequal times: a
-    large PNG takes 20 times a JPEG to inspect, so a few large batches end unevenly).
+    large PNG takes 20 times a JPEG to inspect, so a few large batches end unevenly). With ``fetch``, each
+    item's input is fetched ahead, at most ``threads`` at a time per process (see ``_apply``).
     """
     if total is not None:
         batch = max(1, min(batch, -(-total // (8 * workers))))
     pending: deque[Future[list[R]]] = deque()
     iterator = iter(items)
     while chunk := list(itertools.islice(iterator, batch)):
-        pending.append(executor.submit(_apply, fn, chunk))
+        pending.append(executor.submit(_apply, fn, chunk, fetch, threads))
         if len(pending) >= 2 * workers:
             yield from pending.popleft().result()
     while pending:
@@ -94,17 +124,22 @@ def _worker_init(parent: int) -> None:
 
 
 @contextlib.contextmanager
-def process_pool(workers: int) -> Iterator[Executor | None]:
+def process_pool(workers: int, start_now: tuple[str, ...] | None = None) -> Iterator[Executor | None]:
     """A pool of ``workers`` forked processes (None for one: run inline) that never outlive their parent.
 
     Forked, not ``forkserver`` or ``spawn``: those re-run the parent's main script in each worker,
-    which for an Airflow task is the ``airflow`` command itself.
+    which for an Airflow task is the ``airflow`` command itself. With ``start_now``, those modules are imported
+    (``preload``) and the workers forked at once, before the parent does anything else: obstore, which reads S3,
+    cannot be used in a process forked after its parent used it (``storage.s3_reads``).
     """
     if workers <= 1:
         yield None
         return
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=_worker_init, initargs=(os.getpid(),))
+    if start_now is not None:
+        preload(*start_now)
+        pool.submit(os.getpid).result()  # a forked pool starts every worker at its first task
     try:
         yield pool
     except BaseException:

@@ -36,6 +36,7 @@ def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Any:
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("IMAGE_TFRECORDS_S3_READER", "boto3")  # moto answers boto3 only (obstore: test_s3_reads)
     with mock_aws():
         import boto3
 

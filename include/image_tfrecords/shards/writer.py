@@ -24,7 +24,7 @@ from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.probe import RejectedImage
 from ..images.transform import record_image
-from ..parallel import batched_map, ordered_map
+from ..parallel import batched_map, io_threads, ordered_map
 from ..published import layout
 from ..records.example import decode_example, encode_example
 from ..records.schema import FILENAME_KEY, RecordSchema, example_features
@@ -100,15 +100,22 @@ def stage_shard(cfg: BuildConfig, storage: Storage, shard: str, path: str | None
     return receipt
 
 
-def _record_from_source(cfg: BuildConfig, storage: Storage, schema: RecordSchema, row: dict[str, str]
-                        ) -> tuple[bytes, int]:
+def _source_bytes(cfg: BuildConfig, storage: Storage, row: dict[str, str]) -> bytes | RejectedImage:
+    """A member's image bytes, or why they could not be read (for ``_record_from_source``, fetched ahead)."""
+    try:
+        return read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+    except RejectedImage as exc:
+        return exc
+
+
+def _record_from_source(cfg: BuildConfig, storage: Storage, schema: RecordSchema, row: dict[str, str],
+                        fetched: bytes | RejectedImage | None = None) -> tuple[bytes, int]:
     """One member's record (``tf.train.Example`` bytes) from its image in the source, and the bytes read.
     An image the options change (no ``encoded_sha256`` planned) is made here: decoded, converted, resized
     and encoded once, by the worker that writes its shard."""
-    try:
-        data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
-    except RejectedImage as exc:
-        raise _changed(cfg, storage, row["filename"], f" ({exc})") from None
+    data = _source_bytes(cfg, storage, row) if fetched is None else fetched
+    if isinstance(data, RejectedImage):
+        raise _changed(cfg, storage, row["filename"], f" ({data})") from None
     if hashlib.sha256(data).hexdigest() != row["sha256"]:
         raise _changed(cfg, storage, row["filename"])
     try:
@@ -146,7 +153,9 @@ def records_from_source(cfg: BuildConfig, storage: Storage, rows: Iterable[dict[
     """
     make = partial(_record_from_source, cfg, storage, staged_schema(cfg, storage))
     if processes is not None:
-        return batched_map(make, rows, processes, read_workers, batch=8)
+        threads = io_threads(cfg.source)
+        return batched_map(make, rows, processes, read_workers, batch=8 * min(threads, 4),
+                           fetch=partial(_source_bytes, cfg, storage), threads=threads)
     return ordered_map(make, rows, read_workers)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.probe import MODERN_FORMATS, RejectedImage, inspect_image, sniff_format
-from ..parallel import batched_map, forked, ordered_map, preload, task_pool, task_processes
+from ..parallel import batched_map, forked, io_threads, ordered_map, preload, task_pool, task_processes
 from ..progress import ProgressLog, log, summarized
 from ..published import layout
 from ..records.schema import REJECTS_FIELDS
@@ -88,10 +88,21 @@ def _done(chunk: int) -> str:
     return f"inspect/done-{chunk:05d}.csv"
 
 
-def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> dict[str, Any]:
-    """One candidate's facts, or its reject row."""
+def fetch_one(storage: Storage, cfg: BuildConfig, row: dict[str, str]) -> bytes | RejectedImage:
+    """A candidate's bytes, or why they cannot become a record (for ``inspect_one``, fetched ahead)."""
     try:
-        data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+        return read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+    except RejectedImage as exc:
+        return exc
+
+
+def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str],
+                fetched: bytes | RejectedImage | None = None) -> dict[str, Any]:
+    """One candidate's facts, or its reject row; its bytes ``fetched`` ahead (``fetch_one``), or read here."""
+    try:
+        data = fetch_one(storage, cfg, row) if fetched is None else fetched
+        if isinstance(data, RejectedImage):
+            raise data
         if not cfg.modern_formats and sniff_format(data) in MODERN_FORMATS:
             raise RejectedImage("unsupported_format", f"{sniff_format(data)}: HEIC/HEIF, AVIF and JPEG XL are "
                                 "turned off (modern_formats)")
@@ -242,8 +253,9 @@ def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], wo
 
         if processes is not None and not forked(processes):  # (too late once forked: they import them themselves)
             preload(*INSPECTION_MODULES)
-        fresh = batched_map(inspect, rows(), processes, workers, total=sum(counts)) if processes else \
-            ordered_map(inspect, rows(), workers)
+        fetch = partial(fetch_one, storage, cfg)  # bytes fetched ahead on threads (a remote store), inspected in turn
+        fresh = batched_map(inspect, rows(), processes, workers, total=sum(counts), fetch=fetch,
+                            threads=io_threads(cfg.source)) if processes else ordered_map(inspect, rows(), workers)
         read = rejected = 0
         for chunk, count in zip(chunks, counts, strict=True):
             with RowWriter(storage, staged(cfg, _done(chunk)), DONE_FIELDS) as done:
