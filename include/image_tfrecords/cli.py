@@ -40,6 +40,7 @@ from .published import layout
 from .published.cleanup import clean_staging
 from .published.locking import LeaseKeeper
 from .published.manifest import Manifest
+from .source import spool
 from .source.preflight import check_locations, check_temp_dir, os_error_line
 from .stages.inspect import INSPECTION_MODULES
 from .storage import Storage, is_s3, join
@@ -153,7 +154,8 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: St
     workers = max(1, workers)
     check_locations(cfg)
     check_temp_dir()
-    with _private_temp_dir(), LeaseKeeper(storage, cfg.staging_uri) as lease, \
+    with _private_temp_dir() as temp, LeaseKeeper(storage, cfg.staging_uri) as lease, \
+            _spooled(cfg, temp, workers), \
             process_pool(workers, start_now=INSPECTION_MODULES) as pool:  # forked before any S3 read (s3_reads)
 
         def still_locked() -> None:
@@ -162,6 +164,17 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: St
 
         return stages.run_pipeline(cfg, storage, pool=pool, workers=workers, progress=_bars(progress), force=force,
                                    before_publish=still_locked)
+
+
+@contextlib.contextmanager
+def _spooled(cfg: BuildConfig, temp: str, workers: int) -> Iterator[None]:
+    """An S3 source's images kept on local disk between inspection and writing (``source.spool``)."""
+    if is_s3(cfg.source):
+        spool.enable(os.path.join(temp, "spool"), workers)
+    try:
+        yield
+    finally:
+        spool.disable()
 
 
 @contextlib.contextmanager

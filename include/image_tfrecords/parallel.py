@@ -104,7 +104,8 @@ def batched_map(fn: Callable[..., R], items: Iterable[T], executor: Executor, wo
     pending: deque[Future[list[R]]] = deque()
     iterator = iter(items)
     while chunk := list(itertools.islice(iterator, batch)):
-        pending.append(executor.submit(_apply, fn, chunk, fetch, threads))
+        pending.append(executor.submit(_apply, fn, chunk) if fetch is None else
+                       executor.submit(_apply, fn, chunk, fetch, threads))
         if len(pending) >= 2 * workers:
             yield from pending.popleft().result()
     while pending:

@@ -65,3 +65,22 @@ def test_modules_preloaded_before_the_first_task_are_in_every_forked_worker() ->
     with process_pool(2) as pool:
         assert pool is not None
         assert list(pool.map(_loaded, [name, name])) == [False, False]  # the test can fail: without it, not
+
+
+def _fetch(x: int) -> tuple[int, str]:
+    return x * 10, threading.current_thread().name
+
+
+def _pair(x: int, fetched: tuple[int, str]) -> tuple[int, int, bool]:
+    return x, fetched[0], fetched[1].startswith("io")
+
+
+def test_fetches_run_ahead_on_threads_and_results_keep_their_order() -> None:
+    with process_pool(2) as pool:
+        got = list(batched_map(_pair, range(96), pool, 2, fetch=_fetch, threads=16))
+    assert [(x, f) for x, f, _ in got] == [(x, x * 10) for x in range(96)]
+    assert all(on_io_thread for *_, on_io_thread in got)  # fetched on the worker's reading threads
+    with ThreadPoolExecutor(2) as pool:
+        got = list(batched_map(_pair, range(40), pool, 2, fetch=_fetch, threads=1))
+    assert [(x, f) for x, f, _ in got] == [(x, x * 10) for x in range(40)]
+    assert not any(on_io_thread for *_, on_io_thread in got)  # one thread: fetched in turn

@@ -30,6 +30,7 @@ from ..records.example import decode_example, encode_example
 from ..records.schema import FILENAME_KEY, RecordSchema, example_features
 from ..records.tfrecord import CorruptRecordError, TFRecordWriter, index_text, read_records
 from ..rules.base_version import FULL_REBUILD
+from ..source import spool
 from ..source.reading import read_source
 from ..staging import (
     CARRIED,
@@ -100,8 +101,12 @@ def stage_shard(cfg: BuildConfig, storage: Storage, shard: str, path: str | None
     return receipt
 
 
-def _source_bytes(cfg: BuildConfig, storage: Storage, row: dict[str, str]) -> bytes | RejectedImage:
-    """A member's image bytes, or why they could not be read (for ``_record_from_source``, fetched ahead)."""
+def _source_bytes(cfg: BuildConfig, storage: Storage, row: dict[str, str], kept: bool = True
+                  ) -> bytes | RejectedImage:
+    """A member's image bytes (the copy inspection ``kept``, if any: ``source.spool``), or why they could not be
+    read (for ``_record_from_source``, fetched ahead)."""
+    if kept and (data := spool.take(row["sha256"])) is not None:
+        return data
     try:
         return read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
     except RejectedImage as exc:
@@ -114,10 +119,12 @@ def _record_from_source(cfg: BuildConfig, storage: Storage, schema: RecordSchema
     An image the options change (no ``encoded_sha256`` planned) is made here: decoded, converted, resized
     and encoded once, by the worker that writes its shard."""
     data = _source_bytes(cfg, storage, row) if fetched is None else fetched
+    if not isinstance(data, RejectedImage) and hashlib.sha256(data).hexdigest() != row["sha256"]:
+        data = _source_bytes(cfg, storage, row, kept=False)  # a damaged copy, or a bad read: the source decides
+        if not isinstance(data, RejectedImage) and hashlib.sha256(data).hexdigest() != row["sha256"]:
+            raise _changed(cfg, storage, row["filename"])
     if isinstance(data, RejectedImage):
         raise _changed(cfg, storage, row["filename"], f" ({data})") from None
-    if hashlib.sha256(data).hexdigest() != row["sha256"]:
-        raise _changed(cfg, storage, row["filename"])
     try:
         encoded = record_image(data, row, cfg.image_options, cfg.max_pixels)
     except (ValueError, RejectedImage) as exc:

@@ -18,6 +18,7 @@ from ..images.transform import record_image
 from ..progress import log, summarized
 from ..published import layout
 from ..published.manifest import Manifest, as_manifest
+from ..source import spool
 from ..source.reading import read_source
 from ..staging import CARD, CARD_INDEX, CARD_ROWS, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
@@ -134,7 +135,8 @@ def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = No
     def fetch_image(row: dict[str, str]) -> bytes | None:
         """The record's image bytes, from the source (None if it changed or vanished since the build)."""
         try:
-            data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+            data = spool.take(row["sha256"]) or \
+                read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
             if hashlib.sha256(data).hexdigest() != row["sha256"]:
                 return None
             return record_image(data, row, cfg.image_options, cfg.max_pixels, viewable=True)

@@ -48,6 +48,7 @@ from ..rules.base_version import (
     why_not_reuse_inspection,
 )
 from ..rules.shards import MB
+from ..source import spool
 from ..source.listing import DISCOVERED_FIELDS
 from ..source.reading import read_source
 from ..staging import (
@@ -109,6 +110,7 @@ def inspect_one(storage: Storage, cfg: BuildConfig, row: dict[str, str],
         facts = inspect_image(data, cfg.max_pixels, cfg.png_pixels)
     except RejectedImage as exc:
         return {"filename": row["filename"], "reason": exc.reason, "detail": exc.detail}
+    spool.keep(facts.sha256, data)  # the command line's copy for the write stage (nothing elsewhere)
     return {"filename": row["filename"], "label": row["label"], **vars(facts)}
 
 
