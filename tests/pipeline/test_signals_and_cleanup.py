@@ -48,8 +48,8 @@ import image_tfrecords.shards.writer as writer
 import image_tfrecords.source.reading as reading
 import image_tfrecords.stages as stages
 
-DELAYS = {{"inspect_one": float(os.environ.get("SLOW_INSPECT", "0")),
-           "_record_from_source": float(os.environ.get("SLOW_WRITE", "0"))}}
+DELAYS = {{"fetch_one": float(os.environ.get("SLOW_INSPECT", "0")),  # (the readers' names: who calls read_source)
+           "_source_bytes": float(os.environ.get("SLOW_WRITE", "0"))}}
 _original = reading.read_source
 
 
