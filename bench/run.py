@@ -6,6 +6,7 @@
     python bench/run.py --only options [--options 3670] [--rounds 2] [--out FILE]  # likewise
     python bench/run.py --only readers [--readers 3670] [--out FILE]  # likewise
     python bench/run.py --only signals [--signals 6000] [--rounds 3] [--out FILE]  # likewise
+    python bench/run.py --only s3path [--s3path 3000] [--s3path-night 6000] [--s3path-list 200000]  # likewise
     python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
 
 Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (the project's own generator, run
@@ -79,6 +80,7 @@ from bench.image_options import options_cost, render_options  # noqa: E402
 from bench.incremental import incremental_nights, incremental_targets, render_incremental  # noqa: E402
 from bench.main_table import DagRunner, chart, main_table, render, targets  # noqa: E402
 from bench.readers import readers, readers_targets, render_readers  # noqa: E402
+from bench.s3_path import render_s3_path, s3_path, s3_path_targets  # noqa: E402
 from bench.scaling import dag_on_stack, dag_targets, render_dag_on_stack, render_scaling, scaling, scaling_targets  # noqa: E402
 from bench.signals_cost import SIGNALS_ROUNDS, render_signals, signals_cost, signals_targets  # noqa: E402
 
@@ -106,7 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="corpus size of the random-access readers' version (0 for none; default: --images)")
     parser.add_argument("--signals", type=int, default=None,
                         help="corpus size of the image signals' cost (0 for none; default: --images)")
-    parser.add_argument("--only", choices=("all", "incremental", "scaling", "options", "readers", "signals"),
+    parser.add_argument("--s3path", type=int, default=3000,
+                        help="images of the S3 path's builds (issue 50; 0 for none; default: 3000)")
+    parser.add_argument("--s3path-night", type=int, default=6000, help="images of the S3 path's night (default 6000)")
+    parser.add_argument("--s3path-list", type=int, default=200_000,
+                        help="keys of the S3 path's listing (default 200000)")
+    parser.add_argument("--only", choices=("all", "incremental", "scaling", "options", "readers", "signals",
+                                           "s3path"),
                         default="all",
                         help="incremental, scaling, options or readers: only that section (default --out: "
                              "WORK/SECTION.md)")
@@ -119,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.smoke:  # small shards, so that the few hundred images of a night have shards to reuse
         args.rounds, args.images, args.scale, args.incremental, args.chain = 1, 40, "30,60", "300", 5
         args.scaling, args.dag_stack, args.options, args.readers, args.signals = 200, 0, 40, 0, 40
+        args.s3path, args.s3path_night, args.s3path_list = 60, 300, 2000
         shard_size_mb = 4.0
     if args.options is None:
         args.options = args.images
@@ -144,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only == "signals":
         command = (f"bench/run.py{' --smoke' * args.smoke} --only signals --signals {args.signals} "
                    f"--rounds {args.rounds}")
+    if args.only == "s3path":
+        command = (f"bench/run.py{' --smoke' * args.smoke} --only s3path --s3path {args.s3path} --s3path-night "
+                   f"{args.s3path_night} --s3path-list {args.s3path_list}")
     data: dict[str, Any] = {}
     rows: list[tuple[str, str, bool]] = []
     issues = []
@@ -219,6 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         text += "\n".join(render_signals(data["signals"])) + "\n"
         rows += signals_targets(data["signals"])
         issues.append("25")
+    if args.s3path and args.only in ("all", "s3path"):
+        print(f"the S3 path: {args.s3path} images ...", flush=True)
+        data["s3path"] = s3_path(args.s3path, work, args.smoke, args.s3path_night, args.s3path_list,
+                                 workers=min(args.workers, os.cpu_count() or 2))
+        text += "\n".join(render_s3_path(data["s3path"])) + "\n"
+        rows += s3_path_targets(data["s3path"])
+        issues.append("50")
     if rows:
         text += (f"\n## Targets (issue{'s' if len(issues) > 1 else ''} {' and '.join(issues)})\n\n"
                  "| target | measured | met |\n|---|---|---|\n") + "".join(

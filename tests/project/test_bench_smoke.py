@@ -48,7 +48,7 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
                                                              "validate", "publish"}
     text = out.read_text()
     for label in ("(a) seed-style, 1 process", "(b) seed-style, 2 threads", "(c) cp -r", "--workers 2",
-                  "airflow dags test", "## Targets (issues 5 and 13 and 22 and 25)", "## Scale: 60 images",
+                  "airflow dags test", "## Targets (issues 5 and 13 and 22 and 25 and 50)", "## Scale: 60 images",
                   "## Scaling over cores: 200 images", "## Incremental nights (issues 12 and 22)",
                   "### 5 nights at 300 images", "\n## Image options\n", "\n## What the image signals cost\n"):
         assert label in text
@@ -57,8 +57,19 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     check_incremental(data, text)
     check_options(data, text)
     check_signals(data, text)
+    check_s3_path(data, text)
     chart = Image.open(io.BytesIO(out.with_suffix(".png").read_bytes()))
     assert chart.format == "PNG" and chart.size[0] >= 600
+
+
+def check_s3_path(data: dict[str, Any], text: str) -> None:
+    """The smoke run's S3 path: every build measured, requests counted through the proxy, the listings agree."""
+    s3 = data["s3path"]
+    for run in (s3["local"], s3["s3"], s3["s3_latency"], s3["night"]["night"], s3["night"]["full"]):
+        assert run["seconds"] > 0 and run["stages"]
+    assert s3["s3"]["server_cpu"] > 0 and s3["s3_latency"]["proxy"]["requests"] >= s3["images"]
+    assert s3["listing"]["sequential"]["discovered_sha256"] == s3["listing"]["parallel"]["discovered_sha256"]
+    assert "## The S3 path (issue 50): 60 images" in text and "Listing 2,000 keys" in text
 
 
 def check_incremental(data: dict[str, Any], text: str) -> None:
