@@ -137,13 +137,17 @@ print(seconds, hashlib.sha256(storage.read_bytes(staged(cfg, DISCOVERED))).hexdi
 def _listing(server: Any, client: Any, keys: int, scratch: Path) -> dict[str, Any]:
     """``keys`` one-byte objects in ``LIST_CLASSES`` class folders, discovered through the latency proxy with one
     request at a time (``IMAGE_TFRECORDS_S3_CONCURRENCY=1``) and with the default; seconds and discovered.csv."""
+    import obstore
+
+    from image_tfrecords.storage.s3_reads import obstore_for
     from tools import latency_proxy
 
     names = [f"list-src/c{i % LIST_CLASSES:03d}/{hashlib.sha256(str(i).encode()).hexdigest()[:16]}.jpg"
              for i in range(keys)]
     started = time.perf_counter()
+    store = obstore_for(client, "bench")  # obstore: boto3's ~4 ms of CPU a PUT would make this the longest part
     with ThreadPoolExecutor(32) as pool:
-        list(pool.map(lambda key: client.put_object(Bucket="bench", Key=key, Body=b"\xff"), names))
+        list(pool.map(lambda key: obstore.put(store, key, b"\xff"), names))
     made = time.perf_counter() - started
     out: dict[str, Any] = {"keys": keys, "classes": LIST_CLASSES, "create_seconds": made}
     proxy = latency_proxy.start(server.endpoint, DELAY_MS, str(scratch))
