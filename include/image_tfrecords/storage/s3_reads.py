@@ -3,8 +3,8 @@
 boto3 costs about 1-4 ms of CPU per GET (signing, its event hooks, a thread per call for the deadline);
 obstore about a quarter of that, with the GIL released while a request waits, so a process keeps dozens of
 source images in flight on a few threads (``IMAGE_TFRECORDS_S3_CONCURRENCY``, default 16) and stays free
-for the work on their bytes. Everything else (listings, writes with the SHA-256 the server verifies,
-multipart copies, conditional writes) stays on boto3.
+for the work on their bytes; ``s3_listing`` lists a source's folders through it too. Everything else (writes
+with the SHA-256 the server verifies, multipart copies, conditional writes, the staged files) stays on boto3.
 
 The obstore store is made from the boto3 client the caller's factory gives (the Airflow connection, or
 boto3's standard environment): its endpoint, region, addressing style and credentials (asked again every
@@ -33,6 +33,7 @@ DEFAULT_CONCURRENCY = 16
 LARGEST_READ = 256 << 20  # the whole-request deadline is that of an object this large
 LISTING_PAGE = 1 << 20  # and a listing page's, that of this many bytes
 CREDENTIALS_TTL = timedelta(minutes=5)
+MAX_STORES = 32
 log = logging.getLogger("image_tfrecords")
 
 
@@ -119,6 +120,8 @@ def obstore_for(client: Any, bucket: str, listing: bool = False) -> Any:
         _runtime_pid = _runtime_pid or os.getpid()
         store = _stores.get(key)
         if store is None:
+            if len(_stores) >= MAX_STORES:  # clients made anew (the Airflow glue's every few minutes) keep none
+                _stores.clear()
             store = _stores[key] = _make(client, bucket, LISTING_PAGE if listing else LARGEST_READ)
         return store
 
