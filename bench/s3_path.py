@@ -70,7 +70,7 @@ def s3_path(images: int, work: Path, smoke: bool, night_images: int, list_keys: 
 
     corpus, _ = make_corpus(images, work, synthetic=smoke)
     scratch = Path(tempfile.mkdtemp(prefix="s3path-", dir=work))
-    server = seaweedfs.start(str(scratch / "seaweedfs"))
+    server = seaweedfs.start(tempfile.mkdtemp(prefix="s3path-weed-"))  # short: its socket paths have a length limit
     result: dict[str, Any] = {"images": images, "workers": workers, "delay_ms": DELAY_MS}
     try:
         server.create_bucket("bench")
@@ -91,6 +91,7 @@ def s3_path(images: int, work: Path, smoke: bool, night_images: int, list_keys: 
     finally:
         seaweedfs.stop(server)
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(str(server.data_dir), ignore_errors=True)
     return result
 
 

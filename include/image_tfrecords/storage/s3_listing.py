@@ -24,14 +24,11 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import StorageError
 from .base import FileInfo, join, split_s3
 from .s3_reads import concurrency, obstore_for, through_obstore, translate_obstore
-
-if TYPE_CHECKING:
-    from .s3 import S3Store
 
 PAGE = 1000
 WINDOW_PAGES = 4  # pages a folder's lister may hold ahead of the reader
@@ -47,7 +44,7 @@ def parallel_ok() -> bool:
     return concurrency() > 1 and through_obstore()
 
 
-def iter_files(store: S3Store, uri: str, everything: bool, sequential: Callable[[], Iterator[FileInfo]]
+def iter_files(store: Any, uri: str, everything: bool, sequential: Callable[[], Iterator[FileInfo]]
                ) -> Iterator[FileInfo]:
     """``S3Store.iter_files(uri, everything)`` with the folders below ``uri`` listed in parallel (see the module);
     ``sequential`` is the one-request-at-a-time listing, for a prefix this does not split."""
@@ -100,7 +97,7 @@ def _put(lane: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
             continue
 
 
-def _list_folder(store: S3Store, bucket: str, folder: str, prefix: str, everything: bool,
+def _list_folder(store: Any, bucket: str, folder: str, prefix: str, everything: bool,
                  lane: queue.Queue[Any], stop: threading.Event) -> None:
     """A lister's thread: the pages of ``folder`` (a full key prefix) into ``lane``, then ``_DONE`` (or the error)."""
     uri = f"s3://{bucket}/{folder}"
@@ -121,7 +118,7 @@ def _list_folder(store: S3Store, bucket: str, folder: str, prefix: str, everythi
         _put(lane, exc, stop)
 
 
-def _obstore_pages(store: S3Store, bucket: str, folder: str, prefix: str) -> Iterator[list[FileInfo]]:
+def _obstore_pages(store: Any, bucket: str, folder: str, prefix: str) -> Iterator[list[FileInfo]]:
     import obstore
     from obstore.exceptions import BaseError, InvalidPathError
 
@@ -146,7 +143,7 @@ def _obstore_pages(store: S3Store, bucket: str, folder: str, prefix: str) -> Ite
         yield infos
 
 
-def _relist(store: S3Store, uri: str, prefix: str, everything: bool, passed: int, digest: Any,
+def _relist(store: Any, uri: str, prefix: str, everything: bool, passed: int, digest: Any,
             lane: queue.Queue[Any], stop: threading.Event) -> None:
     """``uri``'s entries with boto3 after the first ``passed`` ones, which must hash to ``digest``."""
     again, seen = hashlib.sha256(), 0

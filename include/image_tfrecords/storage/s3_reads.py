@@ -93,6 +93,7 @@ def _path_style(client: Any) -> bool:
 
 
 _stores: dict[tuple[int, int, str, bool], Any] = {}  # (pid, id of the boto3 client, bucket, listing) -> store
+_inherited_stores: list[dict[tuple[int, int, str, bool], Any]] = []
 _lock = threading.Lock()
 _runtime_pid: int | None = None  # the process whose obstore calls started its I/O runtime (Rust threads)
 _inherited = _warned = False
@@ -102,8 +103,9 @@ def _after_fork() -> None:
     """In a forked child: forget the parent's stores; if the parent had used obstore, never use it here. Its
     runtime's threads stayed behind in the parent, and a call would wait for them forever (obstore is not
     fork-safe)."""
-    global _lock, _inherited
-    _stores.clear()
+    global _lock, _inherited, _stores
+    _inherited_stores.append(_stores)  # never freed here: dropping a store the parent made can abort this process
+    _stores = {}
     _lock = threading.Lock()
     _inherited = _inherited or _runtime_pid is not None
 
@@ -121,7 +123,7 @@ def obstore_for(client: Any, bucket: str, listing: bool = False) -> Any:
         store = _stores.get(key)
         if store is None:
             if len(_stores) >= MAX_STORES:  # clients made anew (the Airflow glue's every few minutes) keep none
-                _stores.clear()
+                _stores.clear()  # (made in this process: safe to drop)
             store = _stores[key] = _make(client, bucket, LISTING_PAGE if listing else LARGEST_READ)
         return store
 
