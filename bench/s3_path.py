@@ -85,7 +85,8 @@ def s3_path(images: int, work: Path, smoke: bool, night_images: int, list_keys: 
             result["s3_latency"] = _build("s3://bench/src", "s3://bench/out-latency", _env(server, proxy.endpoint),
                                           workers=workers, server_pid=server.pid)
         finally:
-            result["s3_latency"]["proxy"] = latency_proxy.stop(proxy)
+            counted = latency_proxy.stop(proxy)  # stopped whatever happened; a failed build's error is kept
+        result["s3_latency"]["proxy"] = counted
         result["night"] = _s3_night(server, client, night_images, work, scratch, smoke, workers)
         result["listing"] = _listing(server, client, list_keys, scratch)
     finally:
