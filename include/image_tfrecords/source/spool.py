@@ -5,14 +5,14 @@ Only the command line turns it on (``cli.build``): its inspection and its shard 
 one private temporary folder removed at the end. DAG tasks may run on different machines, so they read the store
 twice (see docs/s3-reads.md). Each process appends the images it inspects to a file of its own, and the SHA-256,
 offset and length of each to an index beside it (a file per image would cost ~0.4 ms of file-system work each,
-more than the GET it saves). A copy is taken only if its bytes still hash to the SHA-256 inspection computed;
-anything else (no copy, a damaged one, the budget spent) reads the store as before. At most
+more than the GET it saves). ``take`` gives a copy as it was read back: its readers hash what they use anyway, and
+read the store instead where it does not hash to the SHA-256 inspection computed (a damaged copy); no copy (the
+budget spent) reads the store as before. At most
 ``IMAGE_TFRECORDS_SPOOL_MB`` (default 2048) are kept a build, shared evenly between the worker processes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 
@@ -78,7 +78,8 @@ def _write(fd: int, data: bytes) -> None:
 
 
 def take(sha256: str) -> bytes | None:
-    """The kept bytes that hash to ``sha256``, or None."""
+    """The bytes kept for ``sha256`` as read back, unchecked (the caller hashes them: ``_record_from_source``), or
+    None."""
     global _index
     if _folder is None:
         return None
@@ -94,7 +95,7 @@ def take(sha256: str) -> bytes | None:
             data = os.pread(f.fileno(), length, offset)
     except OSError:
         return None
-    return data if hashlib.sha256(data).hexdigest() == sha256 else None
+    return data
 
 
 def _read_index(folder: str) -> dict[str, tuple[str, int, int]]:

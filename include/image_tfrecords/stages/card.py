@@ -135,10 +135,11 @@ def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = No
     def fetch_image(row: dict[str, str]) -> bytes | None:
         """The record's image bytes, from the source (None if it changed or vanished since the build)."""
         try:
-            data = spool.take(row["sha256"]) or \
-                read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
-            if hashlib.sha256(data).hexdigest() != row["sha256"]:
-                return None
+            data = spool.take(row["sha256"])
+            if data is None or hashlib.sha256(data).hexdigest() != row["sha256"]:  # no copy, or a damaged one
+                data = read_source(storage, cfg.source, row["filename"], cfg.max_file_bytes, int(row["num_bytes"]))
+                if hashlib.sha256(data).hexdigest() != row["sha256"]:
+                    return None
             return record_image(data, row, cfg.image_options, cfg.max_pixels, viewable=True)
         except Exception:  # RejectedImage, ValueError, Pillow's errors: no sample rather than no card
             return None
