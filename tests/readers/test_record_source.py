@@ -13,6 +13,7 @@ import concurrent.futures
 import csv
 import hashlib
 import io
+import json
 import multiprocessing
 import os
 import pickle
@@ -324,9 +325,30 @@ def test_s3_reads_like_local(dest: Path, s3_env: dict[str, str], bucket: str) ->
     assert small.__getitems__(order) == [expected[i] for i in order] and list(small) == expected
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert list(pool.map(lambda i: small[i], order)) == [expected[i] for i in order]
-    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
-        names, own = pool.submit(_read_in_child, source, order).result()
+    # a forked child reads on its own, from a parent that has read: in a process of its own, as a training script
+    # is (this test's process may have used obstore, which a forked child cannot inherit: storage.s3_reads)
+    indices = json.dumps([int(i) for i in order])
+    done = subprocess.run([sys.executable, "-c", FORKED_READER, f"s3://{bucket}/shapes", indices],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **s3_env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    names, own = json.loads(done.stdout.splitlines()[-1])
     assert names == [expected[i]["filename"] for i in order] and own
+
+
+FORKED_READER = """
+import concurrent.futures, json, multiprocessing, os, sys
+from image_tfrecords.readers.record_source import RecordSource
+
+def read(source, indices):
+    records = source.__getitems__(indices)
+    return [r["filename"] for r in records], source._local is not None and source._local.pid == os.getpid()
+
+source = RecordSource(sys.argv[1], "train")
+order = [int(i) for i in json.loads(sys.argv[2])]
+assert len(source.__getitems__(order)) == len(order)  # the parent has read every shard
+with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+    print(json.dumps(pool.submit(read, source, order).result()))
+"""
 
 
 def test_s3_checks(dest: Path, s3_env: dict[str, str], bucket: str, tmp_path: Path) -> None:
