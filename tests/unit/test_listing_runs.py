@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from image_tfrecords.config import BuildConfig
-from image_tfrecords.source import localfs
+from image_tfrecords.source import listing, localfs
 from image_tfrecords.source.listing import CandidateRun, DiscoveryCounts, discover
 from image_tfrecords.stages.discover import discover_stage
 from image_tfrecords.staging import DISCOVER_REJECTS, DISCOVERED, staged
@@ -112,3 +112,67 @@ def test_discover_stage_writes_the_same_bytes(tmp_path: Path, monkeypatch: pytes
     assert fast == slow
     assert fast[0].count(b"\n") > 50
     assert b'"with,comma/a.jpg","with,comma",' in fast[0] and b'"roses/comma, name.jpg",roses,' in fast[0]
+
+
+S3_KEYS = [f"{label}/{name}" for label in ("roses", "tulips", "with,comma", ".hidden_class", 'quo"te')
+           for name in ODD_NAMES if "\r" not in name] + \
+    [f"roses/d0/n{k}.jpg" for k in range(5)] + [f"roses/d0/d1/n{k}.jpg" for k in range(3)] + \
+    ["roses/d0/.git/inside.jpg", "root.jpg", "notes.txt", "roses/" + "f" * 240 + ".jpg", "roses/" + "é" * 120 + ".png",
+     "tulips/tab\t.jpg", "tulips/marker/", "tulips/empty.jpg"] + \
+    [f"lilies/{name}" for name in ("a.jpg", "b.png", ".h.jpg", "readme.txt", "sub/c.jpg", "sub/.git/d.jpg", "z.webp",
+                                    "photo.heic", "x.jxl")] + \
+    [f"big/{i:05d}.jpg" for i in range(2100)]  # three pages (folders of odd names are listed again with boto3)
+
+
+@pytest.mark.parametrize("with_cutoff", [False, True])
+def test_s3_discover_in_runs_gives_what_one_by_one_gives(bucket: str, s3_storage: Storage, tmp_path: Path,
+                                                         with_cutoff: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import UTC, datetime
+
+    from image_tfrecords.storage.s3 import S3Store
+
+    later = [key for key in S3_KEYS if key.startswith("tulips/") or key in ("roses/d0/n0.jpg", "big/02099.jpg")]
+
+    def put(key: str) -> None:
+        s3_storage.s3.put_object(Bucket=bucket, Key=f"src/{key}", Body=b"" if key.endswith(("/", "empty.jpg"))
+                                 else key.encode()[:40] or b"x")
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, [key for key in S3_KEYS if key not in later]))
+    time.sleep(1.2)  # S3 times are to the millisecond; the cutoff falls between the two batches
+    cutoff = datetime.now(UTC) if with_cutoff else None
+    time.sleep(1.2)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, later))
+    source = f"s3://{bucket}/src"
+
+    def found() -> tuple[list[Any], DiscoveryCounts]:
+        counts = DiscoveryCounts()
+        out = list(discover(s3_storage, source, counts, cutoff, runs=True))
+        return out, counts
+
+    monkeypatch.setenv("IMAGE_TFRECORDS_S3_CONCURRENCY", "4")
+    fast, fast_counts = found()
+    runs = [f for f in fast if isinstance(f, CandidateRun)]
+    assert sum(len(r.files.names) for r in runs) >= 2000 and any(r.label == "lilies" for r in runs)
+    fast = [c for f in fast for c in (f.candidates() if isinstance(f, CandidateRun) else [f])]
+    monkeypatch.setattr(S3Store, "iter_file_runs", _one_by_one)
+    slow, slow_counts = found()
+    assert fast == slow
+    for field in ("layout", "listed", "skipped", "after_cutoff", "skipped_by_kind"):
+        assert getattr(fast_counts, field) == getattr(slow_counts, field), field
+    assert fast_counts.fingerprint.hexdigest() == slow_counts.fingerprint.hexdigest()
+    assert fast_counts.after_cutoff == (len(later) if with_cutoff else 0)
+    monkeypatch.setenv("IMAGE_TFRECORDS_S3_CONCURRENCY", "1")  # the sequential listing, one by one: the same
+    again, again_counts = found()
+    assert again == slow and again_counts.fingerprint.hexdigest() == slow_counts.fingerprint.hexdigest()
+
+
+@pytest.mark.parametrize("names", [["a.jpg", "b.jpg"], ["a.jpg", ""], ["a.jpg", "."], ["..", "a.jpg"], ["a\0.jpg"],
+                                   ["f" * 1000 + ".jpg"], ["é" * 505 + ".jpg"], ["é" * 300 + ".jpg"], ["x" * 1010]])
+@pytest.mark.parametrize("prefix", ["roses/", "a/b/", "a/./", "a//", "r" * 20 + "/"])
+def test_a_clean_run_is_one_whose_every_key_bad_key_passes(names: list[str], prefix: str) -> None:
+    run = localfs.FileRun(prefix, names, [1] * len(names), ["e"] * len(names), [None] * len(names))
+    assert listing._clean_run(run) == all(not listing.bad_key(prefix + name) for name in names)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from image_tfrecords.source.localfs import FileRun
 from image_tfrecords.storage import Storage, StorageError, s3_listing, s3_reads
 
 
@@ -16,6 +17,22 @@ def _entries(storage: Storage, uri: str, concurrency: str, monkeypatch: pytest.M
     monkeypatch.setenv(s3_reads.CONCURRENCY_ENV, concurrency)
     return [(i.key, i.size, i.modified.isoformat() if i.modified else None, i.kind, i.stamp, i.problem)
             for i in storage.iter_files(uri, everything=True)]
+
+
+def _run_entries(storage: Storage, uri: str, concurrency: str, monkeypatch: pytest.MonkeyPatch
+                 ) -> list[tuple[Any, ...]]:
+    """``iter_file_runs``, each FileRun's objects as ``_entries`` gives them."""
+    monkeypatch.setenv(s3_reads.CONCURRENCY_ENV, concurrency)
+    out: list[tuple[Any, ...]] = []
+    for item in storage.iter_file_runs(uri):
+        if type(item) is FileRun:
+            assert item.names and all("/" not in name for name in item.names)
+            out += [(item.prefix + name, size, when.isoformat(), "file", stamp, "") for name, size, stamp, when in
+                    zip(item.names, item.sizes, item.stamps, item.modified, strict=True)]
+        else:
+            out.append((item.key, item.size, item.modified.isoformat() if item.modified else None, item.kind,
+                        item.stamp, item.problem))
+    return out
 
 
 def _put_all(storage: Storage, bucket: str, keys: list[str]) -> None:
@@ -44,6 +61,9 @@ def test_parallel_listing_equals_the_sequential_one(s3_storage: Storage, bucket:
         assert _entries(s3_storage, uri, concurrency, monkeypatch) == sequential, concurrency
         # boto3 lists again what obstore cannot say faithfully: a marker, a tab, an empty object
         assert sorted(relisted) == [f"{uri}/cls{c:02d}/" for c in (3, 5, 7, 9)]
+        # discover's listing: a page's objects directly in its folder as one FileRun, nothing else different
+        assert _run_entries(s3_storage, uri, concurrency, monkeypatch) == sequential, concurrency
+    assert _run_entries(s3_storage, uri, "1", monkeypatch) == sequential
 
 
 def test_the_parallel_listing_lists_folders_at_once(s3_storage: Storage, bucket: str,
@@ -51,8 +71,8 @@ def test_the_parallel_listing_lists_folders_at_once(s3_storage: Storage, bucket:
     _put_all(s3_storage, bucket, [f"src/c{c}/{i}.jpg" for c in range(6) for i in range(3)])
     listed: list[str] = []
     real = s3_listing._obstore_pages
-    monkeypatch.setattr(s3_listing, "_obstore_pages", lambda store, b, folder, prefix: (
-        listed.append(folder), real(store, b, folder, prefix))[1])
+    monkeypatch.setattr(s3_listing, "_obstore_pages", lambda store, b, folder, prefix, *rest: (
+        listed.append(folder), real(store, b, folder, prefix, *rest))[1])
     monkeypatch.setenv(s3_reads.CONCURRENCY_ENV, "4")
     assert len(list(s3_storage.iter_files(f"s3://{bucket}/src"))) == 18
     assert listed == [f"src/c{c}/" for c in range(6)]
@@ -85,8 +105,8 @@ def test_a_folder_that_changes_while_relisted_fails_naming_it(s3_storage: Storag
     _put_all(s3_storage, bucket, [f"src/c/{i:04d}.jpg" for i in range(1500)] + ["src/c/zz/"])
     real = s3_listing._obstore_pages
 
-    def then_changed(store: Any, b: str, folder: str, prefix: str) -> Any:
-        pages = real(store, b, folder, prefix)
+    def then_changed(store: Any, b: str, folder: str, prefix: str, *rest: Any) -> Any:
+        pages = real(store, b, folder, prefix, *rest)
         yield next(pages)  # the first page is passed on; then a new key sorts before it and a marker shows
         s3_storage.s3.put_object(Bucket=bucket, Key="src/c/0000-new.jpg", Body=b"x")
         raise s3_listing._Redo

@@ -182,20 +182,23 @@ def bad_key(key: str) -> str:
 
 def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: datetime | None,
              runs: bool = False) -> Iterator[FileInfo | Candidate | FileRun]:
-    """The listed regular files (FileInfo; with ``runs``, a local folder's stretch of them as one FileRun where there
-    is no cutoff) and the rejects of what cannot be read (Candidate); other kinds are counted as skipped.
+    """The listed regular files (FileInfo; with ``runs``, a folder's stretch of them as one FileRun: on S3, and in a
+    local folder where there is no cutoff) and the rejects of what cannot be read (Candidate); other kinds are
+    counted as skipped.
     (``DiscoveryCounts.see`` inline: this runs once a listed file.)"""
     s3 = is_s3(source)
     fingerprint = counts.fingerprint.update
     listed = 0
+    found = storage.iter_file_runs(source) if runs and (s3 or cutoff is None) else \
+        storage.iter_files(source, everything=True)
     try:
-        for info in storage.iter_file_runs(source) if runs and not s3 and cutoff is None else \
-                storage.iter_files(source, everything=True):
-            if type(info) is FileRun:  # (a local file's stamp is its mtime in ns; each as the loop below has it)
-                listed += len(info.names)
+        for info in _checked_runs(found, cutoff) if runs and s3 else found:
+            if type(info) is FileRun:  # each as the loop below has it: a local file's stamp is its mtime in ns,
+                listed += len(info.names)  # an S3 object's time is its listed one
                 prefix = info.prefix
-                fingerprint("".join([f"{prefix}{name}\0{size}\0{stamp}\0file\0\n" for name, size, stamp in
-                                     zip(info.names, info.sizes, info.stamps, strict=True)]).encode())
+                times = info.stamps if info.modified is None else [when.isoformat() for when in info.modified]
+                fingerprint("".join([f"{prefix}{name}\0{size}\0{when}\0file\0\n" for name, size, when in
+                                     zip(info.names, info.sizes, times, strict=True)]).encode())
                 yield info
                 continue
             key, modified, problem = info.key, info.modified, info.problem
@@ -216,6 +219,27 @@ def _entries(storage: Storage, source: str, counts: DiscoveryCounts, cutoff: dat
                 yield info
     finally:
         counts.listed += listed
+
+
+def _checked_runs(found: Iterator[Any], cutoff: datetime | None) -> Iterator[Any]:
+    """An S3 listing's FileRuns as they are where every key is clean (``bad_key``) and none was modified after
+    ``cutoff``; others as a FileInfo each (the per-file path sorts them out)."""
+    for info in found:
+        if type(info) is FileRun and (not _clean_run(info) or (cutoff is not None and max(info.modified) > cutoff)):
+            prefix = info.prefix
+            for name, size, stamp, when in zip(info.names, info.sizes, info.stamps, info.modified, strict=True):
+                yield FileInfo(prefix + name, size, when, stamp=stamp)
+        else:
+            yield info
+
+
+def _clean_run(run: FileRun) -> bool:
+    """Whether ``bad_key`` finds nothing wrong with any key of ``run`` (names without ``/`` in one folder), in bulk."""
+    names = run.names
+    if bad_key(run.prefix + "x") or "" in names or "." in names or ".." in names or "\x00" in "".join(names):
+        return False
+    room = MAX_KEY_BYTES - len(run.prefix.encode())
+    return max(map(len, names)) * 4 <= room or all(len(name.encode()) <= room for name in names)
 
 
 def _from_folders(storage: Storage, source: str, counts: DiscoveryCounts,

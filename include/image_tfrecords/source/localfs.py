@@ -124,12 +124,15 @@ except ImportError:  # pragma: no cover - a build without a C compiler
 
 class FileRun(NamedTuple):
     """Regular files with clean names of at most ``MAX_KEY_BYTES`` as keys, next to each other in one folder, in
-    order: ``walk_runs``' batch (``walk`` yields each as a ``FileInfo``)."""
+    order: ``walk_runs``' batch (``walk`` yields each as a ``FileInfo``). An S3 listing's run
+    (``S3Store.iter_file_runs``) holds objects directly in one folder with their names as listed; discover checks
+    those."""
 
     prefix: str  # the folder's key prefix, "" or "a/b/"
     names: list[str]
     sizes: list[int]
-    stamps: list[str]  # st_mtime_ns as text
+    stamps: list[str]  # st_mtime_ns as text (an S3 object's ETag)
+    modified: list[datetime] | None = None  # None: local files (their stamps hold the time); an S3 listing's times
 
 
 # A folder open for the walk: its descriptor, its key prefix, its entries (names, modes, sizes, stamps: each stat'ed

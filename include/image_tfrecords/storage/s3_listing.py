@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import StorageError
+from ..source.localfs import FileRun
 from .base import FileInfo, join, split_s3
 from .s3_reads import concurrency, obstore_for, through_obstore, translate_obstore
 
@@ -44,10 +45,11 @@ def parallel_ok() -> bool:
     return concurrency() > 1 and through_obstore()
 
 
-def iter_files(store: Any, uri: str, everything: bool, sequential: Callable[[], Iterator[FileInfo]]
-               ) -> Iterator[FileInfo]:
+def iter_files(store: Any, uri: str, everything: bool, sequential: Callable[[], Iterator[FileInfo]],
+               runs: bool = False) -> Iterator[Any]:
     """``S3Store.iter_files(uri, everything)`` with the folders below ``uri`` listed in parallel (see the module);
-    ``sequential`` is the one-request-at-a-time listing, for a prefix this does not split."""
+    ``sequential`` is the one-request-at-a-time listing, for a prefix this does not split. With ``runs``, the objects
+    of a page that lie directly in its folder come as one ``FileRun`` (``S3Store.iter_file_runs``)."""
     prefix = store.folder(uri)
     files: list[dict[str, Any]] = []
     folders: list[str] = []
@@ -73,7 +75,7 @@ def iter_files(store: Any, uri: str, everything: bool, sequential: Callable[[], 
                 while started < len(parts) and started < read + ahead:  # the next folders start listing
                     lanes[started] = queue.Queue(maxsize=WINDOW_PAGES)
                     pool.submit(_list_folder, store, bucket, parts[started], prefix, everything, lanes[started],
-                                stop)
+                                stop, runs)
                     started += 1
                 lane = lanes.pop(read)
                 read += 1
@@ -98,19 +100,23 @@ def _put(lane: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
 
 
 def _list_folder(store: Any, bucket: str, folder: str, prefix: str, everything: bool,
-                 lane: queue.Queue[Any], stop: threading.Event) -> None:
+                 lane: queue.Queue[Any], stop: threading.Event, runs: bool = False) -> None:
     """A lister's thread: the pages of ``folder`` (a full key prefix) into ``lane``, then ``_DONE`` (or the error)."""
     uri = f"s3://{bucket}/{folder}"
     passed, digest = 0, hashlib.sha256()
     try:
         try:
-            for infos in _obstore_pages(store, bucket, folder, prefix):
+            for items in _obstore_pages(store, bucket, folder, prefix, runs):
                 if stop.is_set():
                     return
-                for info in infos:
-                    digest.update(info.key.encode() + b"\0")
-                passed += len(infos)
-                _put(lane, infos, stop)
+                for item in items:
+                    if type(item) is FileRun:
+                        digest.update("".join([f"{item.prefix}{name}\0" for name in item.names]).encode())
+                        passed += len(item.names)
+                    else:
+                        digest.update(item.key.encode() + b"\0")
+                        passed += 1
+                _put(lane, items, stop)
         except _Redo:
             _relist(store, uri, prefix, everything, passed, digest, lane, stop)
         _put(lane, _DONE, stop)
@@ -118,7 +124,10 @@ def _list_folder(store: Any, bucket: str, folder: str, prefix: str, everything: 
         _put(lane, exc, stop)
 
 
-def _obstore_pages(store: Any, bucket: str, folder: str, prefix: str) -> Iterator[list[FileInfo]]:
+def _obstore_pages(store: Any, bucket: str, folder: str, prefix: str, runs: bool = False
+                   ) -> Iterator[list[FileInfo | FileRun]]:
+    """The pages of ``folder`` as FileInfo (keys relative to ``prefix``); with ``runs``, each stretch of objects
+    directly in ``folder`` as one FileRun. _Redo where obstore may not have given a key as it is."""
     import obstore
     from obstore.exceptions import BaseError, InvalidPathError
 
@@ -133,14 +142,35 @@ def _obstore_pages(store: Any, bucket: str, folder: str, prefix: str) -> Iterato
             raise translate_obstore(exc, uri, store.client) from exc
         if page is None:
             return
-        infos = []
-        for meta in page:
-            path, size = meta["path"], meta["size"]
-            if not size or not path.startswith(folder):  # maybe a marker "a/b/" read as "a/b": boto3 tells
-                raise _Redo
-            infos.append(FileInfo(path[len(prefix):], size, meta["last_modified"],
-                                  stamp=(meta.get("e_tag") or "").strip('"')))
-        yield infos
+        yield _page_items(page, folder, prefix, runs)
+
+
+def _page_items(page: list[dict[str, Any]], folder: str, prefix: str, runs: bool) -> list[FileInfo | FileRun]:
+    items: list[FileInfo | FileRun] = []
+    within, start = folder[len(prefix):], len(folder)
+    names: list[str] = []
+    sizes: list[int] = []
+    stamps: list[str] = []
+    times: list[Any] = []
+    for meta in page:
+        path, size = meta["path"], meta["size"]
+        if not size or not path.startswith(folder):  # maybe a marker "a/b/" read as "a/b": boto3 tells
+            raise _Redo
+        stamp = (meta.get("e_tag") or "").strip('"')
+        name = path[start:]
+        if runs and "/" not in name:
+            names.append(name)
+            sizes.append(size)
+            stamps.append(stamp)
+            times.append(meta["last_modified"])
+            continue
+        if names:
+            items.append(FileRun(within, names, sizes, stamps, times))
+            names, sizes, stamps, times = [], [], [], []
+        items.append(FileInfo(path[len(prefix):], size, meta["last_modified"], stamp=stamp))
+    if names:
+        items.append(FileRun(within, names, sizes, stamps, times))
+    return items
 
 
 def _relist(store: Any, uri: str, prefix: str, everything: bool, passed: int, digest: Any,
