@@ -70,7 +70,44 @@ def run_once(stack: Stack, conf: dict[str, Any], when: datetime, timeout: float)
     seconds = (datetime.fromisoformat(done["end_date"]) - datetime.fromisoformat(done["start_date"])).total_seconds()
     return {"run_id": run["dag_run_id"], "state": done["state"], "seconds": round(seconds, 1), "retried": retried,
             "tasks": len(tasks), "failed": [f"{t['task_id']}[{t['map_index']}]" for t in tasks
-                                            if t["state"] == "failed"]}
+                                            if t["state"] == "failed"],
+            "by_task": by_task(tasks, datetime.fromisoformat(done["start_date"]))}
+
+
+def by_task(tasks: list[dict[str, Any]], run_start: datetime) -> dict[str, dict[str, float]]:
+    """Each task's instances (mapped ones together): how many, the seconds from the run's start to the first one's
+    start, their seconds queued (queued to started) and running (Airflow's ``duration``: the task process, its start
+    and imports included), summed; skipped tasks left out."""
+    out: dict[str, dict[str, float]] = {}
+    for task in tasks:
+        if not task.get("start_date") or task["state"] == "skipped":
+            continue
+        started = datetime.fromisoformat(task["start_date"])
+        queued = datetime.fromisoformat(task["queued_when"]) if task.get("queued_when") else started
+        row = out.setdefault(task["task_id"], {"instances": 0, "first_start_s": 1e9, "queued_s": 0.0, "running_s": 0.0})
+        row["instances"] += 1
+        row["first_start_s"] = round(min(row["first_start_s"], (started - run_start).total_seconds()), 2)
+        row["queued_s"] = round(row["queued_s"] + max(0.0, (started - queued).total_seconds()), 2)
+        row["running_s"] = round(row["running_s"] + float(task.get("duration") or 0), 2)
+    return dict(sorted(out.items(), key=lambda item: item[1]["first_start_s"]))
+
+
+def cli_build(server: Any, dest: str, version: str, full: bool = False) -> dict[str, Any]:
+    """The command line's build of the same source into ``dest`` (``--workers 2``, as the stack's parallelism):
+    its seconds and stage seconds, to set beside the DAG's run."""
+    import os
+    import subprocess
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **server.env()}
+    command = [sys.executable, "-m", "image_tfrecords", "build", "--source", f"s3://{BUCKET}/{PREFIX}",
+               "--destination", dest, "--dataset", "photos", "--version", version, "--workers", "2", "--no-progress",
+               *(["--full"] if full else [])]
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode:
+        raise RuntimeError(f"the CLI build failed: {done.stderr[-3000:]}")
+    return {"seconds": round(seconds, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--synthetic", action="store_true", help="synthetic photos (offline)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
+    parser.add_argument("--no-cli", dest="cli", action="store_false",
+                        help="do not run the command line's build beside each run")
     args = parser.parse_args(argv)
     work = ROOT / ".bench"
     corpus, pixels = make_corpus(args.images, work, synthetic=args.synthetic)
@@ -129,6 +168,15 @@ def main(argv: list[str] | None = None) -> int:
                     if result["state"] != "success":
                         print(json.dumps(stack.tails(3000), indent=1)[-8000:])
                         break
+                    for task, row in result["by_task"].items():
+                        print(f"  {task:22} x{row['instances']:<3} starts at {row['first_start_s']:6.1f} s, queued "
+                              f"{row['queued_s']:6.1f} s, running {row['running_s']:6.1f} s", flush=True)
+                    if args.cli:  # the same build on the command line, the scheduler idle
+                        cli = cli_build(server, f"s3://{BUCKET}/cli-datasets", f"v{number + 1}",
+                                        full=bool(conf.get("full_rebuild")))
+                        result["cli_seconds"] = cli["seconds"]
+                        ratio = result["seconds"] / cli["seconds"]
+                        print(f"  the CLI, same build: {cli['seconds']:.1f} s (the DAG {ratio:.1f}x)", flush=True)
             finally:
                 stack.stop()
         finally:
