@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     parser.add_argument("--no-cli", dest="cli", action="store_false",
                         help="do not run the command line's build beside each run")
+    parser.add_argument("--idle-sleep", type=float, default=None,
+                        help="the scheduler's [scheduler] scheduler_idle_sleep_time (default: Airflow's, 1 s)")
     args = parser.parse_args(argv)
     work = ROOT / ".bench"
     corpus, pixels = make_corpus(args.images, work, synthetic=args.synthetic)
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             env = {**airflow_env(home, database, api_port, server, "LocalExecutor", parallelism=2, pool=POOL),
                    "IMAGE_TFRECORDS_SOURCE": f"s3://{BUCKET}/{PREFIX}",
                    "IMAGE_TFRECORDS_DESTINATION": f"s3://{BUCKET}/datasets", "IMAGE_TFRECORDS_DATASET": "photos"}
+            if args.idle_sleep is not None:
+                env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = str(args.idle_sleep)
+            results["scheduler_idle_sleep_time"] = args.idle_sleep
             connection = json.loads(env.pop("AIRFLOW_CONN_AWS_DEFAULT"))  # in the database, as deployments have it
             migrate(env, pool_slots=2)
             stack = Stack(env, api_port, home / "logs")
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 stack.stop()
         finally:
             seaweedfs.stop(server)
-    out = work / f"dag-s3-{args.images}.json"
+    out = work / f"dag-s3-{args.images}{'' if args.idle_sleep is None else f'-idle{args.idle_sleep:g}'}.json"
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"written {out}")
     ok = all(r["state"] == "success" and not r["retried"] for r in results["runs"].values())
