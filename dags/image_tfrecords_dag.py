@@ -6,14 +6,14 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 `labels.csv` in the source root) and publishes it atomically:
 
 1. **discover** lists the source (image files by extension; others are skipped and counted) and
-   fingerprints the listing and params; **source_changed** skips the rest (shown as skipped) when
-   they match the previous published version's, unless the `force` param is set;
-2. **plan_inspection** cuts the files to read into chunks (at most `chunk_files` files or `chunk_mb`
+   fingerprints the listing and params; it skips the rest (shown as skipped) when they match the
+   previous published version's, unless the `force` param is set;
+2. **discover** then cuts the files to read into chunks (at most `chunk_files` files or `chunk_mb`
    MB each), and **inspect_images** (one mapped task per chunk, named after it, using its worker's
    cores) hashes, identifies and fully decodes every image of its chunk (bad ones become rejects);
-3. **split** merges the chunks' rows back into listing order, resolves duplicates and assigns each
+3. **plan** merges the chunks' rows back into listing order, resolves duplicates and assigns each
    image to a split from a salted hash of its content, then writes `labels.csv` and `rejects.csv`;
-4. **plan** decides the shards of each split (from `shard_size_mb`) and their members. Once a
+4. **plan** then decides the shards of each split (from `shard_size_mb`) and their members. Once a
    version is published, builds are **incremental**: the previous version's shards whose records
    are all unchanged are reused, those that lost or changed records are spliced from byte ranges of
    the previous shard (its kept records are copied, not parsed), and added or changed images go into
@@ -21,7 +21,7 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    param is set, when an option that rebuilds shards changed (image options, columns, splits, salt,
    group column, shard size, compression: each option's `effect`), or to compact once there
    would be more than 1.5x the shards of a full build). Unchanged files are not read again:
-   **plan_inspection** takes over the previous version's `inspected.csv` rows for them;
+   **discover** takes over the previous version's `inspected.csv` rows for them;
 5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
    against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
    shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
@@ -32,12 +32,12 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    (`original`, `jpeg` at `jpeg_quality`, `png`, `raw` pixels), `channels`, labels.csv `columns` as
    typed features, and the `label_separator` of a multi-label `labels` column; each changed image is
    made once, here, by the task that writes its shard;
-6. **validate** adds those checks up (counts per split, the records are the ones `labels.csv`
+6. **gate** adds those checks up (counts per split, the records are the ones `labels.csv`
    lists, no image in two splits) and stages `manifest.json`;
-7. **card** renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
+7. **gate** then renders the dataset card (`card.md`, a self-contained `card.html`, and PNGs under
    `card/`): records per split and class, sample thumbnails, rejects, shard sizes, changes since
    the previous version, params;
-8. **gate**, with the `gate` param (off by default), compares the build with the previous published
+8. **gate** last, with the `gate` param (off by default), compares the build with the previous published
    version (reject share, class shares, quality-flag shares, near-duplicates across labels; the
    `gate_*` params are the thresholds) and records its verdict in the manifest. When one trips, the
    task fails with the report in its log, unless `accept_gate` is set (publish anyway) or `approval`
@@ -50,6 +50,10 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 10. **clean_stale_staging** (a teardown: it runs whether the run succeeded or failed, and does not
    decide the run's state) removes the staging of *other* versions that never published and were
    untouched for `IMAGE_TFRECORDS_STAGING_GRACE_HOURS` (default 24), unless a build holds their lock.
+
+Short stages share a task (discover with its check and the inspection plan; split with plan;
+validate, card and gate): each task in the chain costs a second or two of start and scheduling,
+more than those stages' work. Each stage logs its own summary line in its task's log.
 
 Two runs building the same version exclude each other: the first task takes a lock with a lease in
 the version's staging prefix; a second run's tasks fail at once with one line naming the holder.
@@ -124,33 +128,22 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
     },
 )
 def image_tfrecords() -> None:
-    @task
-    def discover() -> dict[str, Any]:
-        """List the source into the staging area."""
+    @task.short_circuit
+    def discover() -> list[int]:
+        """List the source into the staging area. When nothing changed since the previous published version (and
+        neither force nor full_rebuild is set), drop the staging and skip everything downstream. Otherwise take
+        over the previous version's inspections of unchanged files and cut the rest into chunks; returns one index
+        per chunk (small: at most max_map_length). One task, not three: each task in the chain costs its start."""
         from image_tfrecords import stages
 
-        return _run(stages.discover_stage)
-
-    @task.short_circuit
-    def source_changed(found: dict[str, Any]) -> bool:
-        """Skip everything downstream when nothing changed since the previous published version."""
+        found = _run(stages.discover_stage)
         params = get_current_context()["params"]
         if found["unchanged_since"] and not (params["force"] or params.get("full_rebuild")):
             log.info("source listing and params unchanged since version %s: nothing new to build",
                      found["unchanged_since"])
-            from image_tfrecords import stages
-
             _run(stages.discard_stage)
-            return False
-        return True
-
-    @task
-    def plan_inspection() -> list[int]:
-        """Take over the previous version's inspections of unchanged files; cut the rest into chunks.
-        Returns one index per chunk (small: at most max_map_length)."""
-        from image_tfrecords import stages
-
-        return list(range(_run(stages.plan_inspection)["chunks"]))
+            return []  # (falsy: everything downstream is skipped)
+        return list(range(_run(stages.plan_inspection)["chunks"]))  # at least one chunk
 
     @task(map_index_template="{{ chunk_label }}", max_active_tis_per_dagrun=8, pool=POOL)
     def inspect_images(chunk: int) -> dict[str, Any]:
@@ -162,18 +155,13 @@ def image_tfrecords() -> None:
         return result
 
     @task
-    def split(inspected: list[dict[str, Any]]) -> dict[str, Any]:
-        """Merge the chunks' rows; resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv."""
+    def plan(inspected: list[dict[str, Any]]) -> list[int]:
+        """Merge the chunks' rows; resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv
+        (the split stage); then plan the shards. Returns one index per write task (small: at most max_map_length)."""
         from image_tfrecords import stages
 
         _run(stages.gather_inspection)
-        return _run(stages.split_stage)
-
-    @task
-    def plan(labels: dict[str, Any]) -> list[int]:
-        """Plan the shards; returns one index per write task (small: at most max_map_length)."""
-        from image_tfrecords import stages
-
+        _run(stages.split_stage)
         return list(range(_run(stages.plan_stage)["num_tasks"]))
 
     @task(map_index_template="{{ shard_label }}", max_active_tis_per_dagrun=8, pool=POOL)
@@ -194,28 +182,19 @@ def image_tfrecords() -> None:
 
         return _run(stages.reuse_stage)
 
-    # Runs when there was nothing to write (all shards reused: write_shards is mapped over nothing
-    # and skipped); a source_changed skip still skips it.
-    @task(trigger_rule="none_failed_min_one_success")
-    def validate(reused: dict[str, Any]) -> dict[str, Any]:
-        """Add up the write tasks' shard checks (re-reading any shard not checked) and stage manifest.json."""
-        from image_tfrecords import stages
-
-        return _run(stages.validate_stage)
-
-    @task
-    def card(validated: dict[str, Any]) -> dict[str, Any]:
-        """Render the dataset card (card.md, card.html, charts, sample thumbnails) into staging."""
-        from image_tfrecords import stages
-
-        return _run(stages.card_stage)
-
-    @task.branch
-    def gate(carded: dict[str, Any]) -> str:
-        """Compare the build with the previous published version: publish, ask a person, or fail with the report."""
+    # Runs when there was nothing to write (all shards reused: write_shards is mapped over nothing and is
+    # skipped); a skip at discover (nothing changed) still skips it.
+    @task.branch(trigger_rule="none_failed_min_one_success")
+    def gate(reused: dict[str, Any]) -> str:
+        """Add up the write tasks' shard checks (re-reading any shard not checked) and stage manifest.json
+        (validate); render the dataset card into staging (card); compare the build with the previous published
+        version: publish, ask a person, or fail with the report (gate). One task for the three stages, each with
+        its summary in the log."""
         from image_tfrecords import stages
         from image_tfrecords.airflow_glue import gate_branch
 
+        _run(stages.validate_stage)
+        _run(stages.card_stage)
         return gate_branch(get_current_context(), _run(stages.gate_stage), publish="publish", ask="approval")
 
     @task
@@ -245,14 +224,10 @@ def image_tfrecords() -> None:
 
         return _run(clean_staging)
 
-    found = discover()
-    chunks = plan_inspection()
-    changed = source_changed(found)
-    changed >> chunks
-    shard_tasks = plan(split(inspect_images.expand(chunk=chunks)))
-    validated = validate(reuse_shards(shard_tasks))
-    write_shards.expand(task_index=shard_tasks) >> validated
-    gated, published, discarded = gate(card(validated)), publish(), discard_rejected()
+    shard_tasks = plan(inspect_images.expand(chunk=discover()))
+    gated = gate(reuse_shards(shard_tasks))
+    write_shards.expand(task_index=shard_tasks) >> gated
+    published, discarded = publish(), discard_rejected()
     approval = gate_approval("approval", "gate", on_approve="publish", on_reject="discard_rejected",
                              timeout=APPROVAL_TIMEOUT)
     gated >> [published, approval]

@@ -64,13 +64,12 @@ def test_publish_updates_the_asset_the_consumer_is_scheduled_on(dag_info: dict) 
 def test_task_graph(dag_info: dict) -> None:
     tasks = dag_info["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
-        "discover": [], "source_changed": ["discover"], "plan_inspection": ["source_changed"],
-        "inspect_images": ["plan_inspection"], "split": ["inspect_images"], "plan": ["split"], "reuse_shards": ["plan"],
-        "write_shards": ["plan"], "validate": ["reuse_shards", "write_shards"], "card": ["validate"],
-        "gate": ["card"], "approval": ["gate"], "publish": ["approval", "gate"], "discard_rejected": ["approval"],
+        "discover": [], "inspect_images": ["discover"], "plan": ["inspect_images"], "reuse_shards": ["plan"],
+        "write_shards": ["plan"], "gate": ["reuse_shards", "write_shards"], "approval": ["gate"],
+        "publish": ["approval", "gate"], "discard_rejected": ["approval"],
         "clean_stale_staging": ["discard_rejected", "publish"]}
-    # validate runs when every shard is reused (write_shards then maps over nothing and is skipped).
-    assert tasks["validate"]["trigger_rule"] == "none_failed_min_one_success"
+    # gate (validate, card, gate) runs when every shard is reused (write_shards then maps over nothing, skipped).
+    assert tasks["gate"]["trigger_rule"] == "none_failed_min_one_success"
     # publish runs after the gate passed (the approval is skipped) or after a person approved.
     assert tasks["publish"]["trigger_rule"] == "none_failed_min_one_success"
     # The cleanup runs whether the run failed or not, and does not decide the run's state.

@@ -125,7 +125,7 @@ def _near_rows(cfg: BuildConfig, storage: Storage) -> Callable[[], Iterator[dict
 @summarized
 def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = None) -> dict[str, Any]:
     """Render the card into staging (``card-files/``, listed in ``card-files.json``); ``facts``: ``card_facts``,
-    when made already (else made here: the DAG's card task, whose night parses only its new rows too)."""
+    when made already (else made here: the DAG's gate task, whose night parses only its new rows too)."""
     from ..card.sections import build_card
 
     manifest = Manifest.parse(read_json(storage, staged(cfg, MANIFEST)), staged(cfg, MANIFEST))
