@@ -146,6 +146,8 @@ def _obstore_pages(store: Any, bucket: str, folder: str, prefix: str, runs: bool
 
 
 def _page_items(page: list[dict[str, Any]], folder: str, prefix: str, runs: bool) -> list[FileInfo | FileRun]:
+    """One obstore listing page of ``folder`` as FileInfo, or with ``runs`` its stretches of objects directly in
+    ``folder`` as FileRuns (their names relative to it); _Redo where a key may not be as S3 holds it."""
     items: list[FileInfo | FileRun] = []
     within, start = folder[len(prefix):], len(folder)
     names: list[str] = []
