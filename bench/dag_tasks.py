@@ -100,10 +100,11 @@ def run_tasks(corpus: Path, work: Path, parallel: int = 2) -> dict[str, Any]:
         report["stages"][task.task_id] = {"seconds": time.perf_counter() - task_started,
                                           "rss_mb": max((r.rss_mb for r, _ in runs), default=0.0),
                                           "xcom_bytes": max((len(json.dumps(x)) for _, x in runs), default=0)}
-        if xcoms[task.task_id] is False:  # a short-circuit that skips the rest
+        kinds = {kind.__name__ for kind in type(task).__mro__}
+        if "ShortCircuitOperator" in kinds and not xcoms[task.task_id]:  # a short-circuit that skips the rest
             break
         result = xcoms[task.task_id]
-        if getattr(task, "inherits_from_skipmixin", False) and isinstance(result, str | list):  # a branch
+        if "BaseBranchOperator" in kinds and isinstance(result, str | list):  # a branch
             chosen = {result} if isinstance(result, str) else set(result)
             follow = chosen | {d for c in chosen for d in task.dag.get_task(c).get_flat_relative_ids(upstream=False)}
             skipped |= set(task.downstream_task_ids) - follow
