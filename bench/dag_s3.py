@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not run the command line's build beside each run")
     parser.add_argument("--idle-sleep", type=float, default=None,
                         help="the scheduler's [scheduler] scheduler_idle_sleep_time (default: Airflow's, 1 s)")
+    parser.add_argument("--keep-logs", type=Path, default=None,
+                        help="copy the stack's logs (the tasks' logs included) into this folder before it stops")
     args = parser.parse_args(argv)
     work = ROOT / ".bench"
     corpus, pixels = make_corpus(args.images, work, synthetic=args.synthetic)
@@ -184,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  the CLI, same build: {cli['seconds']:.1f} s (the DAG {ratio:.1f}x)", flush=True)
             finally:
                 stack.stop()
+                if args.keep_logs is not None:
+                    import shutil
+
+                    shutil.copytree(home / "logs", args.keep_logs, dirs_exist_ok=True)
         finally:
             seaweedfs.stop(server)
     out = work / f"dag-s3-{args.images}{'' if args.idle_sleep is None else f'-idle{args.idle_sleep:g}'}.json"

@@ -101,8 +101,6 @@ def run_tasks(corpus: Path, work: Path, parallel: int = 2) -> dict[str, Any]:
                                           "rss_mb": max((r.rss_mb for r, _ in runs), default=0.0),
                                           "xcom_bytes": max((len(json.dumps(x)) for _, x in runs), default=0)}
         kinds = {kind.__name__ for kind in type(task).__mro__}
-        if "ShortCircuitOperator" in kinds and not xcoms[task.task_id]:  # a short-circuit that skips the rest
-            break
         result = xcoms[task.task_id]
         if "BaseBranchOperator" in kinds and isinstance(result, str | list):  # a branch
             chosen = {result} if isinstance(result, str) else set(result)

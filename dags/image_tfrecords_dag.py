@@ -6,11 +6,12 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 `labels.csv` in the source root) and publishes it atomically:
 
 1. **discover** lists the source (image files by extension; others are skipped and counted) and
-   fingerprints the listing and params; it skips the rest (shown as skipped) when they match the
-   previous published version's, unless the `force` param is set;
+   fingerprints the listing and params; when they match the previous published version's, it ends
+   as skipped and so does everything after it, unless the `force` param is set;
 2. **discover** then cuts the files to read into chunks (at most `chunk_files` files or `chunk_mb`
    MB each), and **inspect_images** (one mapped task per chunk, named after it, using its worker's
    cores) hashes, identifies and fully decodes every image of its chunk (bad ones become rejects);
+   a night's few changed files (at most 256, 64 MB) are inspected by **discover** itself;
 3. **plan** merges the chunks' rows back into listing order, resolves duplicates and assigns each
    image to a split from a salted hash of its content, then writes `labels.csv` and `rejects.csv`;
 4. **plan** then decides the shards of each split (from `shard_size_mb`) and their members. Once a
@@ -22,8 +23,8 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
    group column, shard size, compression: each option's `effect`), or to compact once there
    would be more than 1.5x the shards of a full build). Unchanged files are not read again:
    **discover** takes over the previous version's `inspected.csv` rows for them;
-5. **reuse_shards** copies the reused shards into staging (server-side `CopyObject` on S3, checked
-   against the previous manifest's SHA-256), while **write_shards** writes the new and rewritten
+5. **write_shards** copies the reused shards into staging in one more mapped task (server-side
+   `CopyObject` on S3, checked against the previous manifest's SHA-256), and writes the new and rewritten
    shards (and their `.tfindex` offsets), one mapped task each (named after its shard; each
    shard's records are made on all of its worker's cores), and re-reads each new one from the store
    to check it (CRCs, schema, each record against its planned row, checksums); a spliced shard is
@@ -47,13 +48,15 @@ version from a source of images (a local folder or an `s3://` prefix; one folder
 9. **publish** copies the build to `DEST/DATASET/VERSION/` (with TFDS's `dataset_info.json` and
    `features.json`, so `tfds.builder_from_directory` reads it), then writes `_SUCCESS`, then moves
    `latest.json` forward;
-10. **clean_stale_staging** (a teardown: it runs whether the run succeeded or failed, and does not
-   decide the run's state) removes the staging of *other* versions that never published and were
-   untouched for `IMAGE_TFRECORDS_STAGING_GRACE_HOURS` (default 24), unless a build holds their lock.
+10. **clean_stale_staging** (a teardown with no upstream: it runs beside the build from its start,
+   whether the run succeeds, fails or has nothing to build, and does not decide the run's state)
+   removes the staging of *other* versions that never published and were untouched for
+   `IMAGE_TFRECORDS_STAGING_GRACE_HOURS` (default 24), unless a build holds their lock.
 
-Short stages share a task (discover with its check and the inspection plan; split with plan;
-validate, card and gate): each task in the chain costs a second or two of start and scheduling,
-more than those stages' work. Each stage logs its own summary line in its task's log.
+Short stages share a task (discover with its check, the inspection plan and a night's few files;
+split with plan; every reused shard's copy; validate, card and gate): each task in the chain costs a
+second or two of start and scheduling, more than those stages' work. Each stage logs its own summary
+line in its task's log.
 
 Two runs building the same version exclude each other: the first task takes a lock with a lease in
 the version's staging prefix; a second run's tasks fail at once with one line naming the holder.
@@ -128,22 +131,29 @@ def _run(stage: Callable[..., Any], **kwargs: Any) -> Any:
     },
 )
 def image_tfrecords() -> None:
-    @task.short_circuit
+    @task
     def discover() -> list[int]:
         """List the source into the staging area. When nothing changed since the previous published version (and
-        neither force nor full_rebuild is set), drop the staging and skip everything downstream. Otherwise take
-        over the previous version's inspections of unchanged files and cut the rest into chunks; returns one index
-        per chunk (small: at most max_map_length). One task, not three: each task in the chain costs its start."""
+        neither force nor full_rebuild is set), drop the staging and skip: the rest of the run is skipped with it.
+        Otherwise take over the previous version's inspections of unchanged files and cut the rest into chunks.
+        Returns one index per chunk for inspect_images (small: at most max_map_length), or none when the few
+        files left to read were inspected here (a night's changes: a task of their own costs more than reading
+        them)."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from image_tfrecords import stages
 
         found = _run(stages.discover_stage)
         params = get_current_context()["params"]
         if found["unchanged_since"] and not (params["force"] or params.get("full_rebuild")):
-            log.info("source listing and params unchanged since version %s: nothing new to build",
-                     found["unchanged_since"])
             _run(stages.discard_stage)
-            return []  # (falsy: everything downstream is skipped)
-        return list(range(_run(stages.plan_inspection)["chunks"]))  # at least one chunk
+            raise AirflowSkipException(f"source listing and params unchanged since version "
+                                       f"{found['unchanged_since']}: nothing new to build, the rest is skipped")
+        planned = _run(stages.plan_inspection)
+        if stages.inspect_in_place(planned):
+            _run(stages.inspect_small)
+            return []  # (inspect_images is mapped over nothing: skipped)
+        return list(range(planned["chunks"]))
 
     @task(map_index_template="{{ chunk_label }}", max_active_tis_per_dagrun=8, pool=POOL)
     def inspect_images(chunk: int) -> dict[str, Any]:
@@ -154,38 +164,31 @@ def image_tfrecords() -> None:
         get_current_context()["chunk_label"] = result["label"]
         return result
 
-    @task
-    def plan(inspected: list[dict[str, Any]]) -> list[int]:
+    # Runs after discover alone when inspect_images was mapped over nothing (discover inspected the files itself).
+    @task(trigger_rule="none_failed_min_one_success")
+    def plan() -> list[int]:
         """Merge the chunks' rows; resolve duplicates, assign class ids and splits; stage labels.csv and rejects.csv
-        (the split stage); then plan the shards. Returns one index per write task (small: at most max_map_length)."""
+        (the split stage); then plan the shards. Returns one index per write_shards task (small: at most
+        max_map_length): one per shard to write, and one more that copies every reused shard when there are any."""
         from image_tfrecords import stages
 
         _run(stages.gather_inspection)
         _run(stages.split_stage)
-        return list(range(_run(stages.plan_stage)["num_tasks"]))
+        return list(range(_run(stages.plan_stage)["shard_tasks"]))
 
     @task(map_index_template="{{ shard_label }}", max_active_tis_per_dagrun=8, pool=POOL)
     def write_shards(task_index: int) -> dict[str, Any]:
-        """Write this task's shard(s) of the plan to staging, then re-read and check each."""
+        """Write this task's shard(s) of the plan to staging, then re-read and check each; or, for the last index
+        when the plan reuses shards, copy the previous version's shards kept whole (server-side, checked)."""
         from image_tfrecords import stages
 
-        receipts = _run(stages.write_task, task_index=task_index)
-        files = [r["file"] for r in receipts]
-        get_current_context()["shard_label"] = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}"
-        return {"shards": len(files), "num_records": sum(r["num_records"] for r in receipts),
-                "num_bytes": sum(r["num_bytes"] for r in receipts)}
+        result = _run(stages.shard_task, task_index=task_index)
+        get_current_context()["shard_label"] = result["label"]
+        return {key: result[key] for key in ("shards", "num_records", "num_bytes")}
 
-    @task
-    def reuse_shards(planned: list[int]) -> dict[str, Any]:
-        """Copy the previous version's shards this version keeps whole into staging (server-side, checked)."""
-        from image_tfrecords import stages
-
-        return _run(stages.reuse_stage)
-
-    # Runs when there was nothing to write (all shards reused: write_shards is mapped over nothing and is
-    # skipped); a skip at discover (nothing changed) still skips it.
+    # none_failed: skipped with everything else when discover skips (nothing changed).
     @task.branch(trigger_rule="none_failed_min_one_success")
-    def gate(reused: dict[str, Any]) -> str:
+    def gate() -> str:
         """Add up the write tasks' shard checks (re-reading any shard not checked) and stage manifest.json
         (validate); render the dataset card into staging (card); compare the build with the previous published
         version: publish, ask a person, or fail with the report (gate). One task for the three stages, each with
@@ -224,15 +227,16 @@ def image_tfrecords() -> None:
 
         return _run(clean_staging)
 
-    shard_tasks = plan(inspect_images.expand(chunk=discover()))
-    gated = gate(reuse_shards(shard_tasks))
-    write_shards.expand(task_index=shard_tasks) >> gated
+    chunks, planned, gated = discover(), plan(), gate()
+    chunks >> planned  # (as well as through inspect_images, which a night may map over nothing)
+    inspect_images.expand(chunk=chunks) >> planned
+    planned >> write_shards.expand(task_index=planned) >> gated
+    planned >> gated  # (gate runs when there are no shards to write)
     published, discarded = publish(), discard_rejected()
     approval = gate_approval("approval", "gate", on_approve="publish", on_reject="discard_rejected",
                              timeout=APPROVAL_TIMEOUT)
     gated >> [published, approval]
     approval >> [published, discarded]
-    [published, discarded] >> clean_stale_staging()
-
+    clean_stale_staging()  # no upstream: it runs beside the build from its start, and when discover skips the rest
 
 image_tfrecords()

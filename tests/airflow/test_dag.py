@@ -64,15 +64,17 @@ def test_publish_updates_the_asset_the_consumer_is_scheduled_on(dag_info: dict) 
 def test_task_graph(dag_info: dict) -> None:
     tasks = dag_info["tasks"]
     assert {k: v["upstream"] for k, v in tasks.items()} == {
-        "discover": [], "inspect_images": ["discover"], "plan": ["inspect_images"], "reuse_shards": ["plan"],
-        "write_shards": ["plan"], "gate": ["reuse_shards", "write_shards"], "approval": ["gate"],
-        "publish": ["approval", "gate"], "discard_rejected": ["approval"],
-        "clean_stale_staging": ["discard_rejected", "publish"]}
-    # gate (validate, card, gate) runs when every shard is reused (write_shards then maps over nothing, skipped).
+        "discover": [], "inspect_images": ["discover"], "plan": ["discover", "inspect_images"],
+        "write_shards": ["plan"], "gate": ["plan", "write_shards"], "approval": ["gate"],
+        "publish": ["approval", "gate"], "discard_rejected": ["approval"], "clean_stale_staging": []}
+    # plan runs when discover inspected a night's few files itself (inspect_images then maps over nothing, skipped).
+    assert tasks["plan"]["trigger_rule"] == "none_failed_min_one_success"
+    # gate (validate, card, gate) runs when there is no shard to write or copy (write_shards then maps over nothing).
     assert tasks["gate"]["trigger_rule"] == "none_failed_min_one_success"
     # publish runs after the gate passed (the approval is skipped) or after a person approved.
     assert tasks["publish"]["trigger_rule"] == "none_failed_min_one_success"
-    # The cleanup runs whether the run failed or not, and does not decide the run's state.
+    # The cleanup of other versions' staging runs beside the build from its start, whether the run fails or not, and
+    # does not decide the run's state.
     assert [k for k, v in tasks.items() if v["is_teardown"]] == ["clean_stale_staging"]
     writer = tasks["write_shards"]
     assert writer["mapped"] is True

@@ -152,8 +152,12 @@ def test_full_stack_manual_backfill_parallel_and_skip(postgres: str, s3_server: 
         night = _wait(quiet_night, 300, "the unchanged night's run", interval=3)
         assert night["state"] == "success", stack.diagnose(night["dag_run_id"])
         states = {t["task_id"]: t["state"] for t in stack.task_instances(night["dag_run_id"])}
-        assert states["discover"] == "success"  # it found nothing new: everything after it is skipped
+        assert states["discover"] == "skipped"  # it found nothing new: it and everything after it are skipped
         assert {states[t] for t in ("inspect_images", "plan", "write_shards", "gate", "publish")} == {"skipped"}
+        assert states["clean_stale_staging"] == "success"  # beside the build, whatever it does
+        assert "nothing new to build" in "".join(
+            p.read_text() for p in (home / "logs" / "dag_id=image_tfrecords" / f"run_id={night['dag_run_id']}")
+            .glob("task_id=discover/**/*.log"))
         assert not s3_storage.exists(f"{root}/20261113T020000Z/_SUCCESS")
         assert json.loads(s3_storage.read_bytes(f"{root}/latest.json")) == {"version": nightly_version}
     finally:

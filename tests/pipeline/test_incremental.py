@@ -651,19 +651,27 @@ def test_retried_write_task_publishes_what_an_uninterrupted_build_does(tmp_path:
     shutil.copytree(dest, clean)
     storage = Storage()
     cfg = config(source.uri, str(dest), "d", "v2")
+    # the night as the DAG's tasks run it: discover inspects the night's few files itself (no inspect_images task),
+    # then one write_shards task per shard to write and one more that copies every reused shard
     stages.discover_stage(cfg, storage)
-    stages.inspect_stage(cfg, storage, workers=2)
+    planned = stages.plan_inspection(cfg, storage)
+    assert stages.inspect_in_place(planned) and planned["files_to_read"] == 3 * len(CLASSES) + 1
+    stages.inspect_small(cfg, storage)
+    stages.gather_inspection(cfg, storage)
     stages.split_stage(cfg, storage)
     plan = stages.plan_stage(cfg, storage)
     assert plan["mode"] == "incremental" and plan["reused"] and plan["rewritten"] and plan["written"]
-    assert stages.reuse_stage(cfg, storage)["reused"] == plan["reused"]
+    assert plan["shard_tasks"] == plan["num_tasks"] + 1
     staging = Path(cfg.staging_uri)
     layout_plan = json.loads((staging / stages.PLAN).read_text())
     tasks = [stages.task_shards(cfg, storage, i) for i in range(plan["num_tasks"])]
     to_write = [shard for task in tasks for shard in task]
     assert not set(to_write) & set(layout_plan["reuse"])
-    for shard in to_write:
-        stages.write_and_check(cfg, storage, shard)
+    done = [stages.shard_task(cfg, storage, i) for i in range(plan["shard_tasks"])]
+    assert [d["label"] for d in done[:-1]] == [t[0] if len(t) == 1 else f"{t[0]} .. {t[-1]}" for t in tasks]
+    assert done[-1]["label"] == f"reuse {plan['reused']} shards" and done[-1]["shards"] == plan["reused"]
+    with open(staging / stages.LABELS, newline="") as labels:
+        assert sum(d["num_records"] for d in done) == len(list(csv.reader(labels))) - 1  # every record, once
 
     # what a crash leaves: a reused shard not copied yet, a new shard cut short (its receipt from an
     # earlier attempt), a rewritten shard staged without its receipt, a half-written temporary file

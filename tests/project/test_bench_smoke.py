@@ -33,8 +33,8 @@ def test_bench_smoke_measures_every_contender(tmp_path: Path) -> None:
     assert {task for task, _, _ in data["xcoms"]} >= {"discover", "plan", "write_shards", "publish"}
     assert sorted(data["scale"]) == ["30", "60"]
     for report in data["scale"].values():
-        assert list(report["stages"]) == ["discover", "inspect_images", "plan", "reuse_shards", "write_shards",
-                                          "gate", "publish", "clean_stale_staging"]  # the DAG's tasks, from the DAG
+        assert list(report["stages"]) == ["discover", "inspect_images", "clean_stale_staging", "plan",
+                                          "write_shards", "gate", "publish"]  # the DAG's tasks, from the DAG
         # (approval and discard_rejected: the branches the gate, off by default, does not take)
         assert report["mapped_tasks"] >= 1 and report["shards"] >= report["mapped_tasks"]
         assert report["mapped"]["inspect_images"] >= 1

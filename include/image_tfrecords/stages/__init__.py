@@ -56,6 +56,8 @@ from .inspect import (
     gather_inspection,
     inspect_chunk,
     inspect_chunks,
+    inspect_in_place,
+    inspect_small,
     inspect_stage,
     plan_inspection,
 )
@@ -64,7 +66,7 @@ from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
 from .validate import validate_stage
-from .write import costliest_first, warm_up, write_and_check, write_few, write_task
+from .write import costliest_first, shard_task, warm_up, write_and_check, write_few, write_task
 
 __all__ = [
     "DISCOVERED",
@@ -91,6 +93,8 @@ __all__ = [
     "gather_inspection",
     "inspect_chunk",
     "inspect_chunks",
+    "inspect_in_place",
+    "inspect_small",
     "inspect_stage",
     "plan_inspection",
     "plan_stage",
@@ -98,6 +102,7 @@ __all__ = [
     "reuse_shard",
     "reuse_stage",
     "run_pipeline",
+    "shard_task",
     "split_stage",
     "task_shards",
     "validate_shard",

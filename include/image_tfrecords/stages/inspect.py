@@ -273,6 +273,26 @@ def inspect_chunks(cfg: BuildConfig, storage: Storage, chunks: Sequence[int], wo
     return {"chunks": len(chunks), "files_read": read, "rejected": rejected}
 
 
+# A night's few changed files are inspected by the task that planned them, not by mapped tasks of their own: a task
+# on a LocalExecutor stack costs 2-3 s of start and scheduling (bench/dag_s3.py), about what one core spends reading
+# and decoding 256 photos from S3.
+INLINE_MAX_FILES = 256
+INLINE_MAX_BYTES = 64 * MB
+
+
+def inspect_in_place(planned: dict[str, Any]) -> bool:
+    """Whether ``plan_inspection``'s result (``planned``) leaves so little to read, on top of what the previous
+    version's inspection hands over, that the task that planned it should inspect it too (``inspect_small``)."""
+    return bool(planned["files_reused"]) and planned["files_to_read"] <= INLINE_MAX_FILES \
+        and planned["bytes_to_read"] <= INLINE_MAX_BYTES
+
+
+def inspect_small(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
+    """Inspect every chunk of the plan in this process, on threads (``inspect_in_place``: a few files)."""
+    chunks = read_json(storage, staged(cfg, CHUNKS))["chunks"]
+    return inspect_chunks(cfg, storage, list(range(len(chunks))), max(4, 2 * task_processes()))
+
+
 def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, Any]:
     """Inspect one chunk: the DAG's mapped task. Its images are spread over a process pool of this
     machine's cores (``parallel.task_pool``; threads for a small chunk); progress goes to the log.

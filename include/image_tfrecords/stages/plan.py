@@ -118,7 +118,8 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
             "build": {"mode": "full" if why_full else "incremental", "full_because": why_full,
                       "base_version": base.version if base else None}}
     write_json(storage, staged(cfg, PLAN), plan)
-    return {"num_shards": len(files), "num_tasks": len(tasks), "mode": plan["build"]["mode"],
+    return {"num_shards": len(files), "num_tasks": len(tasks), "shard_tasks": len(tasks) + bool(layout.reuse),
+            "mode": plan["build"]["mode"],
             "reused": len(layout.reuse), "rewritten": len(layout.rewrite),
             "written": len(to_write) - len(layout.rewrite),
             "records_to_write": int(sum(counts[i] for i, f in enumerate(files) if f not in layout.reuse))}

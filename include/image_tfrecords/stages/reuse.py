@@ -37,7 +37,8 @@ def reuse_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_prog
                                   sorted(reuse.items()), threads):
             results.append(result)
             copied(1)
-    return {"reused": len(results), "num_bytes": sum(r["num_bytes"] for r in results)}
+    return {"reused": len(results), "num_records": sum(r["num_records"] for r in results),
+            "num_bytes": sum(r["num_bytes"] for r in results)}
 
 
 def reuse_shard(cfg: BuildConfig, storage: Storage, shard: str, origin: dict[str, Any],

@@ -24,6 +24,7 @@ from ..shards.writer import rewrite_shard, write_shard
 from ..staging import MEMBERS, PLAN, Progress, no_progress, staged
 from ..storage import Storage
 from ..storage.documents import read_json
+from .reuse import reuse_stage
 
 
 def write_task(cfg: BuildConfig, storage: Storage, task_index: int) -> list[dict[str, Any]]:
@@ -35,6 +36,23 @@ def write_task(cfg: BuildConfig, storage: Storage, task_index: int) -> list[dict
     with task_pool(records[task_index]) as pool:
         return [write_and_check(cfg, storage, shard, None, max(4, task_processes()), pool)
                 for shard in plan["tasks"][task_index]]
+
+
+def shard_task(cfg: BuildConfig, storage: Storage, task_index: int) -> dict[str, Any]:
+    """The DAG's mapped shard task ``task_index`` (``plan_stage``'s ``shard_tasks``): the plan's write task of that
+    index (``write_task``), or, one past the last, the copy of every reused shard (``reuse_stage``: one task for
+    them all, as their copies are server-side and a task's start costs more than a copy). Returns the shards, their
+    records and bytes, and a ``label`` for the task's name in the UI."""
+    tasks = read_json(storage, staged(cfg, PLAN))["tasks"]
+    if task_index == len(tasks):
+        reused = reuse_stage(cfg, storage)
+        return {"shards": reused["reused"], "num_records": reused["num_records"], "num_bytes": reused["num_bytes"],
+                "label": f"reuse {reused['reused']} shards"}
+    receipts = write_task(cfg, storage, task_index)
+    files = [r["file"] for r in receipts]
+    return {"shards": len(files), "num_records": sum(r["num_records"] for r in receipts),
+            "num_bytes": sum(r["num_bytes"] for r in receipts),
+            "label": files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}"}
 
 
 def write_and_check(cfg: BuildConfig, storage: Storage, shard: str, progress: Progress | None = no_progress,
