@@ -6,7 +6,8 @@
     python bench/run.py --only options [--options 3670] [--rounds 2] [--out FILE]  # likewise
     python bench/run.py --only readers [--readers 3670] [--out FILE]  # likewise
     python bench/run.py --only signals [--signals 6000] [--rounds 3] [--out FILE]  # likewise
-    python bench/run.py --only s3path [--s3path 3000] [--s3path-night 6000] [--s3path-list 200000]  # likewise
+    python bench/run.py --only s3path [--s3path 3000] [--s3path-night 6000] [--s3path-list 200000]
+                        [--s3path-dag 10000]  # likewise
     python bench/run.py --smoke --out DIR        # tiny corpus, one round: what `make test` runs
 
 Main table, on the flowers-sized corpus of ``bench/make_corpus.py`` (the project's own generator, run
@@ -52,6 +53,10 @@ main table's corpus, read by ``RecordSource`` alone, through PyTorch's DataLoade
 against ``tfrecord``'s ``MultiTFRecordDataset`` (0 and 2 workers) and ``tf.data``, with and without decoding
 (torch, Grain and tfrecord in a venv of their own, made once in the work folder). ``--only readers`` runs
 that section alone; ``--smoke`` skips it (it would install torch).
+The S3 path (``--s3path``, issue 50; ``bench/s3_path.py``): the same corpus local -> local, S3 -> S3 on loopback
+and with 20 ms added to every request, the 1% night on S3, listing many keys; then the DAG on a LocalExecutor
+stack, S3 -> S3, beside the CLI's same builds (``--s3path-dag``, ``bench/dag_s3.py``; ``--smoke`` skips it).
+``--only s3path`` runs that section alone.
 Corpora and outputs live in ``.bench/`` (not committed).
 
 One module per section: ``common`` (measuring a command, the corpora), ``main_table``, ``dag_tasks`` (the
@@ -74,6 +79,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: the project root is importable only now
 
+from bench import dag_s3  # noqa: E402
 from bench.common import compile_package, corpus_facts, make_corpus, preamble  # noqa: E402
 from bench.dag_tasks import render_scale, run_tasks, scale_targets, write_alone  # noqa: E402
 from bench.image_options import options_cost, render_options  # noqa: E402
@@ -113,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--s3path-night", type=int, default=6000, help="images of the S3 path's night (default 6000)")
     parser.add_argument("--s3path-list", type=int, default=200_000,
                         help="keys of the S3 path's listing (default 200000)")
+    parser.add_argument("--s3path-dag", type=int, default=10_000,
+                        help="images of the S3 path's DAG runs on a LocalExecutor stack beside the CLI (0 for none; "
+                             "default 10000)")
     parser.add_argument("--only", choices=("all", "incremental", "scaling", "options", "readers", "signals",
                                            "s3path"),
                         default="all",
@@ -127,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.smoke:  # small shards, so that the few hundred images of a night have shards to reuse
         args.rounds, args.images, args.scale, args.incremental, args.chain = 1, 40, "30,60", "300", 5
         args.scaling, args.dag_stack, args.options, args.readers, args.signals = 200, 0, 40, 0, 40
-        args.s3path, args.s3path_night, args.s3path_list = 60, 300, 2000
+        args.s3path, args.s3path_night, args.s3path_list, args.s3path_dag = 60, 300, 2000, 0
         shard_size_mb = 4.0
     if args.options is None:
         args.options = args.images
@@ -237,6 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  workers=min(args.workers, os.cpu_count() or 2))
         text += "\n".join(render_s3_path(data["s3path"])) + "\n"
         rows += s3_path_targets(data["s3path"])
+        if args.s3path_dag:
+            print(f"the S3 path through the DAG: {args.s3path_dag} images ...", flush=True)
+            data["s3path_dag"] = dag_s3.measure(args.s3path_dag, work, synthetic=args.smoke)
+            text += "\n".join(dag_s3.render(data["s3path_dag"])) + "\n"
+            rows += dag_s3.targets(data["s3path_dag"])
         issues.append("50")
     if rows:
         text += (f"\n## Targets (issue{'s' if len(issues) > 1 else ''} {' and '.join(issues)})\n\n"

@@ -94,6 +94,7 @@ def airflow_env(home: Path, postgres: str, api_port: int, s3_server: seaweedfs.S
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": "stack-test",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False", "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",  # as docker-compose.yaml sets it (a task's end seen sooner)
     }
 
 
