@@ -151,7 +151,7 @@ def image_tfrecords() -> None:
                                        f"{found['unchanged_since']}: nothing new to build, the rest is skipped")
         planned = _run(stages.plan_inspection)
         if stages.inspect_in_place(planned):
-            _run(stages.inspect_small)
+            _run(stages.inspect_small, chunks=planned["chunks"])
             return []  # (inspect_images is mapped over nothing: skipped)
         return list(range(planned["chunks"]))
 
@@ -230,7 +230,7 @@ def image_tfrecords() -> None:
     chunks, planned, gated = discover(), plan(), gate()
     chunks >> planned  # (as well as through inspect_images, which a night may map over nothing)
     inspect_images.expand(chunk=chunks) >> planned
-    planned >> write_shards.expand(task_index=planned) >> gated
+    write_shards.expand(task_index=planned) >> gated
     planned >> gated  # (gate runs when there are no shards to write)
     published, discarded = publish(), discard_rejected()
     approval = gate_approval("approval", "gate", on_approve="publish", on_reject="discard_rejected",

@@ -656,7 +656,7 @@ def test_retried_write_task_publishes_what_an_uninterrupted_build_does(tmp_path:
     stages.discover_stage(cfg, storage)
     planned = stages.plan_inspection(cfg, storage)
     assert stages.inspect_in_place(planned) and planned["files_to_read"] == 3 * len(CLASSES) + 1
-    stages.inspect_small(cfg, storage)
+    stages.inspect_small(cfg, storage, planned["chunks"])
     stages.gather_inspection(cfg, storage)
     stages.split_stage(cfg, storage)
     plan = stages.plan_stage(cfg, storage)

@@ -287,10 +287,10 @@ def inspect_in_place(planned: dict[str, Any]) -> bool:
         and planned["bytes_to_read"] <= INLINE_MAX_BYTES
 
 
-def inspect_small(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
-    """Inspect every chunk of the plan in this process, on threads (``inspect_in_place``: a few files)."""
-    chunks = read_json(storage, staged(cfg, CHUNKS))["chunks"]
-    return inspect_chunks(cfg, storage, list(range(len(chunks))), max(4, 2 * task_processes()))
+def inspect_small(cfg: BuildConfig, storage: Storage, chunks: int) -> dict[str, Any]:
+    """Inspect the plan's ``chunks`` chunks (``plan_inspection``'s count) in this process, on threads
+    (``inspect_in_place``: a few files)."""
+    return inspect_chunks(cfg, storage, list(range(chunks)), max(4, 2 * task_processes()))
 
 
 def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, Any]:
