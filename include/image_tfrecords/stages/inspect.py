@@ -19,15 +19,10 @@ cut or on which worker read what.
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import itertools
 import math
-import mmap
-import os
-import tempfile
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from functools import partial
@@ -42,9 +37,9 @@ from ..published import layout
 from ..records.schema import REJECTS_FIELDS
 from ..rules.base_version import (
     INSPECTION_FIELDS,
+    Base,
     base_of,
     carried_inspections,
-    inspections,
     why_not_reuse_inspection,
 )
 from ..rules.shards import MB
@@ -66,15 +61,12 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
-from ..storage.csv_blocks import Block, Quoted, blocks
-from ..storage.documents import RowWriter, csv_field, field_end, raw_rows, read_json, read_rows, write_json
-from ..storage.row_text import gather, join_rows
+from ..storage.documents import RowWriter, read_json, read_rows, write_json
+from ..storage.tables import read_table, write_table
 
 CHUNKS = "inspect/chunks.json"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
 DONE_FIELDS = ("number", "label", *INSPECTION_FIELDS)
-REASON = DONE_FIELDS.index("reason")
-REJECT_COLUMNS = [DONE_FIELDS.index(name) for name in REJECTS_FIELDS]
 # What inspecting the first image imports (the thumbnails' measurements need numpy, split needs it here too; Pillow
 # imports its common format plugins on its first open): imported before the pool forks, every worker shares them
 INSPECTION_MODULES = ("numpy", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", "PIL.GifImagePlugin",
@@ -131,95 +123,44 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
     if base is not None and not why_not and not storage.exists(join(base.uri, layout.INSPECTED)):
         why_not = f"version {base.version} is damaged: its {layout.INSPECTED} is missing"
         log.warning("%s: every file is read again", why_not)
-    with tempfile.TemporaryDirectory() as tmp:
-        joined = None if why_not else carried_inspections(storage, base, staged(cfg, DISCOVERED), tmp)
-        chunks, files, num_bytes, carried = _plan_from_columns(cfg, storage, *joined, max_chunks) if joined else \
-            _plan_from_rows(cfg, storage, None if why_not else base, tmp, max_chunks)
+    chunks, files, num_bytes, carried = _plan(cfg, storage, None if why_not else base, max_chunks)
     plan = {"chunks": chunks, "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried,
             "base_version": base.version if base else None, "not_reused_because": why_not}
     write_json(storage, staged(cfg, CHUNKS), plan)
     return {"chunks": len(chunks), "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried}
 
 
-class _Chunks:
-    """The files to read, cut into chunks of at most ``max_files`` files and ``max_bytes`` bytes (``todo`` tables)."""
+def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
+          ) -> tuple[list[dict[str, int]], int, int, int]:
+    """Stage the rows taken over from ``base`` (``inspect/carried.csv``: each with its listing number and label) and
+    the files left to read, cut into chunks (``todo`` tables). Returns the chunks, the files and bytes to read and
+    the files carried."""
+    import polars as pl
 
-    def __init__(self, cfg: BuildConfig, storage: Storage, max_files: int, max_bytes: int) -> None:
-        self.cfg, self.storage, self.max_files, self.max_bytes = cfg, storage, max_files, max_bytes
-        self.chunks: list[dict[str, int]] = []
-        self._todo: RowWriter | None = None
-
-    def add(self, row: dict[str, Any], size: int) -> None:
-        chunks = self.chunks
-        if self._todo is None or chunks[-1]["files"] >= self.max_files or \
-                (chunks[-1]["bytes"] + size > self.max_bytes and chunks[-1]["files"]):
-            if self._todo is not None:
-                self._todo.close()
-            self._todo = RowWriter(self.storage, staged(self.cfg, _todo(len(chunks))), TODO_FIELDS)
+    listed = read_table(storage, staged(cfg, DISCOVERED))
+    if tuple(listed.columns) != DISCOVERED_FIELDS:
+        raise BuildError(f"{staged(cfg, DISCOVERED)} has columns {listed.columns}, expected {DISCOVERED_FIELDS}")
+    listed = listed.with_row_index("number").with_columns(pl.col("number").cast(pl.Int64))
+    carried = carried_inspections(storage, base, listed) if base is not None else \
+        pl.DataFrame(schema={name: pl.Int64 if name == "number" else pl.String for name in DONE_FIELDS})
+    write_table(storage, staged(cfg, CARRIED), carried)
+    unread = listed.join(carried.select("number"), on="number", how="anti").sort("number")
+    try:
+        sizes = unread["num_bytes"].cast(pl.Int64).to_list()
+    except pl.exceptions.InvalidOperationError as exc:
+        raise BuildError(f"{staged(cfg, DISCOVERED)}: a num_bytes that is not a number ({exc})") from exc
+    max_files, max_bytes = chunk_limits(cfg, len(sizes), sum(sizes), max_chunks)
+    chunks: list[dict[str, int]] = [{"files": 0, "bytes": 0}]
+    for size in sizes:  # a chunk ends at either limit
+        if chunks[-1]["files"] >= max_files or (chunks[-1]["bytes"] + size > max_bytes and chunks[-1]["files"]):
             chunks.append({"files": 0, "bytes": 0})
-        self._todo.write(row)
         chunks[-1]["files"] += 1
         chunks[-1]["bytes"] += size
-
-    def close(self) -> list[dict[str, int]]:
-        if self._todo is not None:
-            self._todo.close()
-        else:  # nothing to read: one empty chunk
-            RowWriter(self.storage, staged(self.cfg, _todo(0)), TODO_FIELDS).close()
-            self.chunks.append({"files": 0, "bytes": 0})
-        return self.chunks
-
-
-def _plan_from_columns(cfg: BuildConfig, storage: Storage, found: Any, sizes: Any, base_path: str, max_chunks: int
-                       ) -> tuple[list[dict[str, int]], int, int, int]:
-    """``plan_inspection``'s tables from the join read as columns (``carried_inspections``: where the base's
-    inspection of each discovered file is in ``base_path``, or -1, and each file's size): the carried rows are the
-    base's rows as they are, cut from its mapped file. Returns the chunks, the files and bytes to read and the
-    files carried."""
-    import numpy as np
-
-    unread = found < 0
-    files, num_bytes = int(unread.sum()), int(sizes[unread].sum())
-    todo = _Chunks(cfg, storage, *chunk_limits(cfg, files, num_bytes, max_chunks))
-    with RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS) as carried, open(base_path, "rb") as f, \
-            (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else
-             contextlib.nullcontext(b"")) as base, \
-            blocks(storage, staged(cfg, DISCOVERED), ",".join(DISCOVERED_FIELDS)) as parts:
-        first = 0
-        for part in parts:
-            where = found[first:first + len(part)]
-            rows, at = np.flatnonzero(where >= 0), where[where >= 0]
-            text, _ = join_rows(len(rows), [(first + rows,), (part.data, part.starts[rows, 1], part.stops[rows, 1]),
-                                            (base, at >> 32, (at >> 32) + (at & 0xFFFFFFFF))])  # number, label, row
-            carried.write_text(text, len(rows))
-            labels, names, stamps = part.column(1), part.column(0), part.column(3)
-            for i in np.flatnonzero(where < 0).tolist():
-                todo.add({"number": first + i, "filename": names[i].decode("utf-8", "surrogateescape"),
-                          "label": labels[i].decode("utf-8", "surrogateescape"), "num_bytes": int(sizes[first + i]),
-                          "stamp": stamps[i].decode()}, int(sizes[first + i]))
-            first += len(part)
-    return todo.close(), files, num_bytes, carried.count
-
-
-def _plan_from_rows(cfg: BuildConfig, storage: Storage, base: Any, tmp: str, max_chunks: int
-                    ) -> tuple[list[dict[str, int]], int, int, int]:
-    """``_plan_from_columns`` row by row (``inspections``: a table with a quoted field, or no base to join)."""
-    with inspections(storage, base, staged(cfg, DISCOVERED), tmp) as known:
-        files = num_bytes = 0
-        for row in known.unread():  # first pass: how much there is to read
-            files += 1
-            num_bytes += int(row["num_bytes"])
-        todo = _Chunks(cfg, storage, *chunk_limits(cfg, files, num_bytes, max_chunks))
-        with RowWriter(storage, staged(cfg, CARRIED), DONE_FIELDS) as carried:
-            labels: dict[str, str] = {}  # class name -> its CSV field
-            for number, (values, before) in enumerate(known.all()):
-                if before is not None:  # matched on name, size and stamp: the row as inspection wrote it
-                    label = labels.get(values[1]) or labels.setdefault(values[1], csv_field(values[1]))
-                    carried.write_line(f"{number},{label},{before}\n")
-                    continue
-                row = dict(zip(DISCOVERED_FIELDS, values, strict=True))
-                todo.add({**row, "number": number}, int(row["num_bytes"]))
-    return todo.close(), files, num_bytes, carried.count
+    todo, first = unread.select(TODO_FIELDS), 0
+    for number, chunk in enumerate(chunks):
+        write_table(storage, staged(cfg, _todo(number)), todo.slice(first, chunk["files"]))
+        first += chunk["files"]
+    return chunks, len(sizes), sum(sizes), len(carried)
 
 
 def chunk_label(cfg: BuildConfig, storage: Storage, chunk: int) -> str:
@@ -303,64 +244,6 @@ def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, A
                 "label": _label(chunks, chunk)}
 
 
-def _numbered(header: str, texts: Iterator[str]) -> Iterator[tuple[int, str]]:
-    """The rows of a ``DONE_FIELDS`` table (``raw_rows``) as ``(number, text)``: rows are copied on as text,
-    as this runs over every file."""
-    if header != ",".join(DONE_FIELDS):
-        raise BuildError(f"an inspection table has columns {header!r}, expected {','.join(DONE_FIELDS)}")
-    for text in texts:
-        yield int(text[:text.index(",")]), text
-
-
-def _merged(carried: Iterator[tuple[int, str]], fresh: Iterator[tuple[int, str]]) -> Iterator[str]:
-    """The texts of two ``_numbered`` streams, each in number order, in number order: a night carries most
-    rows and reads a few, so each carried row costs one comparison."""
-    pending = next(fresh, None)
-    for number, text in carried:
-        while pending is not None and pending[0] < number:
-            yield pending[1]
-            pending = next(fresh, None)
-        yield text
-    while pending is not None:
-        yield pending[1]
-        pending = next(fresh, None)
-
-
-def _merge_blocks(carried: Iterator[Block], fresh: Iterator[tuple[int, str]], one: Callable[[str], None],
-                  good: RowWriter, inspection: RowWriter) -> None:
-    """``_merged`` with the carried rows read as columns: each run of carried images (all but a few rows of a
-    night) goes to ``good`` (from its label on) and ``inspection`` (from its name on) as slices of its block;
-    the chunks' rows and the carried rejects go to ``one``, in number order."""
-    import numpy as np
-
-    pending = next(fresh, None)
-    for part in carried:
-        numbers = part.integers(0)
-        image = (part.starts[:, -1] == part.stops[:, -1]) & (part.starts[:, -2] == part.stops[:, -2])
-        others = [*np.flatnonzero(~image).tolist(), len(part)]  # carried rejects (parsed, one by one), then the end
-        data, at, count, other = part.data, 0, len(part), 0
-        ends = part.stops[:, -1] + 1
-        while at < count:
-            stop = others[other]
-            if pending is not None:  # a fresh row goes before the first carried row with a higher number
-                stop = min(stop, int(np.searchsorted(numbers, pending[0])))
-            if stop > at:
-                good.write_text(gather(data, part.starts[at:stop, 1], ends[at:stop]), stop - at)
-                inspection.write_text(gather(data, part.starts[at:stop, 2], ends[at:stop]), stop - at)
-                at = stop
-                continue
-            if pending is not None and pending[0] < numbers[at]:
-                one(pending[1])
-                pending = next(fresh, None)
-            else:
-                other += 1
-                one(data[int(part.starts[at, 0]):int(ends[at]) - 1].decode("utf-8", "surrogateescape"))
-                at += 1
-    while pending is not None:
-        one(pending[1])
-        pending = next(fresh, None)
-
-
 @summarized
 def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     """Merge the carried and the chunks' rows, in listing order, into ``images.csv``, the inspection
@@ -371,34 +254,19 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         raise BuildError(f"inspection chunk(s) {', '.join(str(c + 1) for c in missing[:10])} of "
                          f"{len(plan['chunks'])} were not inspected")
 
-    def fresh() -> Iterator[tuple[int, str]]:  # the chunks' rows, one file open at a time
-        for chunk in range(len(plan["chunks"])):
-            with raw_rows(storage, staged(cfg, _done(chunk))) as (header, texts):
-                yield from _numbered(header, texts)
+    import polars as pl
 
-    with ExitStack() as stack:
-        good = stack.enter_context(RowWriter(storage, staged(cfg, IMAGES), IMAGE_FIELDS))
-        rejects = stack.enter_context(RowWriter(storage, staged(cfg, INSPECT_REJECTS), REJECTS_FIELDS))
-        inspection = stack.enter_context(RowWriter(storage, staged(cfg, INSPECTED), INSPECTION_FIELDS))
-
-        def one(text: str) -> None:  # a row of either table, as its text
-            row = text[text.index(",") + 1:]  # label, then INSPECTION_FIELDS: an images.csv row as it is
-            if text.endswith(",,"):  # no reason, no detail: an image
-                good.write_line(row + "\n")
-                inspection.write_line(row[field_end(row) + 1:] + "\n")
-            else:  # a reject: parse it
-                values = next(csv.reader([text]))
-                rejects.write_values([values[i] for i in REJECT_COLUMNS])
-                inspection.write_values(values[2:])
-
-        try:
-            carried_blocks = stack.enter_context(blocks(storage, staged(cfg, CARRIED), ",".join(DONE_FIELDS)))
-        except Quoted:  # row by row
-            for text in _merged(_numbered(*stack.enter_context(raw_rows(storage, staged(cfg, CARRIED)))), fresh()):
-                one(text)
-        else:
-            _merge_blocks(carried_blocks, fresh(), one, good, inspection)
-    summary = {"inspected": good.count, "rejected": rejects.count, "files_read": plan["files_to_read"],
+    rows = pl.concat([read_table(storage, staged(cfg, name)) for name in
+                      (CARRIED, *(_done(chunk) for chunk in range(len(plan["chunks"]))))])
+    if tuple(rows.columns) != DONE_FIELDS:
+        raise BuildError(f"an inspection table has columns {rows.columns}, expected {DONE_FIELDS}")
+    rows = rows.sort(pl.col("number").cast(pl.Int64))
+    image = pl.col("reason").is_null() & pl.col("detail").is_null()
+    good, rejected = rows.filter(image).select(IMAGE_FIELDS), rows.filter(~image).select(REJECTS_FIELDS)
+    write_table(storage, staged(cfg, IMAGES), good)
+    write_table(storage, staged(cfg, INSPECT_REJECTS), rejected)
+    write_table(storage, staged(cfg, INSPECTED), rows.select(INSPECTION_FIELDS))
+    summary = {"inspected": len(good), "rejected": len(rejected), "files_read": plan["files_to_read"],
                "bytes_read": plan["bytes_to_read"], "files_reused": plan["files_reused"],
                "base_version": plan["base_version"], "not_reused_because": plan["not_reused_because"],
                "chunks": len(plan["chunks"])}

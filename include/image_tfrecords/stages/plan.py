@@ -22,14 +22,9 @@ full build (after many deletions), it compacts: it is planned as a full build.
 from __future__ import annotations
 
 import io
-import mmap
-import os
-import tempfile
-from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..card.row_columns import card_rows_bytes
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.transform import planned_bytes
@@ -42,16 +37,16 @@ from ..rules.base_version import (
     base_of,
     base_records,
     missing_base_files,
-    record_key,
     why_not_reuse_shards,
 )
 from ..rules.splits import unit_points
-from ..staging import CARD_ROWS, LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
+from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
-from ..storage.csv_blocks import Block, Quoted, Ragged, blocks
-from ..storage.documents import csv_field, csv_writer, list_rows, raw_rows, read_json, write_json
-from ..storage.row_text import gather, join_rows
-from ..storage.span_map import SpanMap
+from ..storage.documents import csv_writer, read_json, write_json
+from ..storage.tables import read_table, table_text
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 @dataclass
@@ -87,26 +82,19 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     splits = list(summary["splits"])
     fields = record_fields(cfg)
     known = base_records(storage, base, fields) if base is not None and not why_full else None
-    records, origins = _records(cfg, storage, splits, fields, known[0] if known else None)
-    found = origins.copy()  # each record's shard and place in the base (base_records), or -1
-    if known is not None and len(known[2]):
-        found[origins >= 0] = known[2][origins[origins >= 0]]
+    table, records, found = _records(cfg, storage, splits, fields, known[0] if known else None)
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
                      for sizes_of in (records[1][records[2] == i] for i in range(len(splits))))
     layout = None
-    with tempfile.TemporaryDirectory() as tmp:
-        if base is not None and not why_full:
-            layout = _incremental(cfg, base, splits, records, found, known[1] if known else [])
-            if len(layout.all_files) > COMPACTION_FACTOR * full_count:
-                why_full = (f"compaction: an incremental build would make {len(layout.all_files)} shards, more than "
-                            f"{COMPACTION_FACTOR:g}x the {full_count} of a full build")
-                layout = None
-        if layout is None:
-            layout = _full(cfg, splits, records)
-        offsets = _write_members(cfg, storage, layout, records[0], tmp)
-    kept_base = (base.version, base.manifest.labels_sha256) if known is not None and base is not None and \
-        base.manifest.labels_sha256 else None  # the base whose labels.csv rows ``origins`` numbers, for the card
-    storage.write_bytes(staged(cfg, CARD_ROWS), card_rows_bytes(kept_base, origins, offsets))
+    if base is not None and not why_full:
+        layout = _incremental(cfg, base, splits, records, found, known[1] if known else [])
+        if len(layout.all_files) > COMPACTION_FACTOR * full_count:
+            why_full = (f"compaction: an incremental build would make {len(layout.all_files)} shards, more than "
+                        f"{COMPACTION_FACTOR:g}x the {full_count} of a full build")
+            layout = None
+    if layout is None:
+        layout = _full(cfg, splits, records)
+    _write_members(cfg, storage, layout, table, records[0])
     to_write = [f for f in layout.all_files if f not in layout.reuse]
     tasks = planning.group_tasks(to_write, max_tasks)
     files = layout.all_files
@@ -126,78 +114,34 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
 
 
 def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
-             known: SpanMap | None) -> tuple[tuple[Any, Any, Any], Any]:
-    """Each record's order key, size and split number (numpy arrays), and where the base holds it unchanged
-    (``known``: ``base_records``' join: its row in the base's labels.csv; -1 for none, and everywhere without a
-    base). Read as columns
-    (``csv_blocks``); a records.csv holding a quoted field, row by row."""
+             known: pl.DataFrame | None) -> tuple[pl.DataFrame, tuple[Any, Any, Any], Any]:
+    """The staged records (records.csv), and each one's order key, size and split number (numpy arrays), and where
+    the base holds it unchanged (``known``: ``base_records``: its packed shard and place; -1 for none, and
+    everywhere without a base): a join on every record field."""
     import numpy as np
+    import polars as pl
 
     uri = staged(cfg, RECORDS)
-    parts: list[tuple[Any, ...]] = []
+    table = read_table(storage, uri)
+    if tuple(table.columns) != fields:
+        raise BuildError(f"{uri} has columns {table.columns}, expected {fields}")
+    keys = unit_points(("order", cfg.salt), [sha.encode() for sha in table["sha256"].fill_null("")])
     try:
-        with blocks(storage, uri, ",".join(fields)) as table:
-            for part in table:
-                parts.append(_block_records(cfg, part, splits, fields, known))
-    except (Quoted, Ragged):  # (nothing written yet)
-        return _rows_records(cfg, storage, splits, fields, known)
-    if not parts:
-        return (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)), np.zeros(0, dtype=np.int64)
-    keys, sizes, split_of, found = (np.concatenate(column) for column in zip(*parts, strict=True))
-    return (keys, sizes, split_of), found
-
-
-def _block_records(cfg: BuildConfig, part: Block, splits: list[str], fields: tuple[str, ...],
-                   known: SpanMap | None) -> tuple[Any, ...]:
-    """``_records``' columns of one block of records.csv."""
-    import numpy as np
-
-    keys = unit_points(("order", cfg.salt), part.column(fields.index("sha256")).tolist())
-    size = fields.index("encoded_bytes")
-    try:
-        sizes = part.integers(size)
-    except ValueError:  # made by the writer (image options): the size planned from the image's facts
-        shape = [part.column(fields.index(name)).tolist() for name in ("format", "width", "height", "channels")]
-        sizes = np.array([int(value) if value else planned_bytes("", *(c[i].decode() for c in shape), cfg.jpeg_quality)
-                          for i, value in enumerate(part.column(size).tolist())], dtype=np.int64)
-    named = part.column(fields.index("split"))
-    split_of = np.full(len(part), -1, dtype=np.int8)
-    for number, name in enumerate(splits):
-        split_of[named == name.encode()] = number
+        sizes = table["encoded_bytes"].cast(pl.Int64).to_numpy().copy() if len(table) else np.zeros(0, np.int64)
+    except pl.exceptions.InvalidOperationError as exc:
+        raise BuildError(f"{uri}: an encoded_bytes that is not a number ({exc})") from exc
+    for i in np.flatnonzero(table["encoded_bytes"].is_null().to_numpy()).tolist():  # made by the writer
+        row = table.row(i, named=True)  # (image options): the size planned from the image's facts
+        sizes[i] = planned_bytes("", *(row[name] or "" for name in ("format", "width", "height", "channels")),
+                                 cfg.jpeg_quality)
+    split_of = table["split"].replace_strict(splits, list(range(len(splits))), default=-1, return_dtype=pl.Int8)
     if (split_of < 0).any():
-        raise BuildError(f"{staged(cfg, RECORDS)} names a split that is not one of {splits}: "
-                         f"{named[split_of < 0][0].decode(errors='replace')!r}")
-    found = np.full(len(part), -1, dtype=np.int64)
-    if known:
-        found = known.get(part.data, *part.row_slices(0, len(fields) - 1))
-    return keys, sizes, split_of, found
-
-
-def _rows_records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
-                  known: SpanMap | None) -> tuple[tuple[Any, Any, Any], Any]:
-    """``_records`` row by row (a records.csv with a quoted field)."""
-    import numpy as np
-
-    keys, sizes, split_of, found = array("d"), array("q"), array("b"), array("q")
-    split_number = {name: i for i, name in enumerate(splits)}
-    order_key = planning.order_keys(cfg.salt)
-    with list_rows(storage, staged(cfg, RECORDS)) as rows:
-        column = {name: i for i, name in enumerate(rows.fieldnames or ())}
-        if list(column)[:len(fields)] != list(fields):
-            raise BuildError(f"{staged(cfg, RECORDS)} has columns {list(column)}, expected {fields} first")
-        sha, size, split = column["sha256"], column["encoded_bytes"], column["split"]
-        shape = [column[name] for name in ("format", "width", "height", "channels")]
-        for values in rows.reader:
-            keys.append(order_key(values[sha]))
-            sizes.append(int(values[size]) if values[size] else
-                         planned_bytes("", *(values[i] for i in shape), cfg.jpeg_quality))  # made by the writer
-            if values[split] not in split_number:
-                raise BuildError(f"{staged(cfg, RECORDS)} names a split that is not one of {splits}: "
-                                 f"{values[split]!r}")
-            split_of.append(split_number[values[split]])
-            found.append(known.get_key(record_key(values, len(fields))) if known else -1)
-    return (np.frombuffer(keys, dtype=np.float64), np.frombuffer(sizes, dtype=np.int64),
-            np.frombuffer(split_of, dtype=np.int8)), np.frombuffer(found, dtype=np.int64)
+        raise BuildError(f"{uri} names a split that is not one of {splits}: {table['split'][split_of.arg_min()]!r}")
+    found = np.full(len(table), -1, dtype=np.int64)
+    if known is not None:
+        joined = table.select(fields).with_row_index("row").join(known, on=list(fields), how="inner", nulls_equal=True)
+        found[joined["row"].to_numpy()] = joined["found"].to_numpy()
+    return table, (keys, sizes, split_of.to_numpy()), found
 
 
 def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) -> Layout:
@@ -282,18 +226,12 @@ def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple
     return layout
 
 
-def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any, tmp: str) -> Any:
+def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: pl.DataFrame, keys: Any) -> None:
     """Stage labels.csv (each record's row, shard and place in it) and each shard's members
     (``members/{shard}.csv``: its rows in record order: by order key, then row number; a rewritten
-    shard's kept records in the base shard's order, then its appended ones). Returns where each row's line begins
-    in labels.csv (the table's length last).
-
-    Each record's CSV text is taken from records.csv as it is and extended with its shard and place;
-    labels.csv is written in row order, remembering where each row's line starts, and each shard's
-    members are then cut from it in place order (numpy computes both orders): memory holds 16 bytes per
-    record and one shard's rows.
-    """
+    shard's kept records in the base shard's order, then its appended ones)."""
     import numpy as np
+    import polars as pl
 
     files = layout.all_files
     count = len(keys)
@@ -302,78 +240,18 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, keys: Any
     starts = np.searchsorted(in_order, np.arange(len(files) + 1))  # shard -> its first entry in ``order``
     position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard
     position[order] = np.arange(count) - starts[:-1][in_order]
-    header = labels_header(cfg)
-    suffixes = [csv_field(name) for name in files]
-    offsets = np.zeros(count + 1, dtype=np.int64)  # row number -> where its line starts in labels.csv
-    labels_path = os.path.join(tmp, "labels.csv")
-    with open(labels_path, "wb") as out:
-        out.write(header.encode())
-        offsets[0] = len(header.encode())
-        try:
-            seen = _labels_from_blocks(cfg, storage, layout, position, suffixes, offsets, out)
-        except (Quoted, Ragged):  # a quoted field: row by row (what was written of the blocks is cut off first)
-            out.seek(offsets[0])
-            out.truncate()
-            seen = _labels_from_rows(cfg, storage, layout, position, suffixes, offsets, out, header)
-        if seen != count:
-            raise BuildError(f"{staged(cfg, RECORDS)} holds {seen} rows, {count} were planned")
-    storage.upload(labels_path, staged(cfg, LABELS))
-    head = header.encode()
-    with open(labels_path, "rb") as f, (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) as lines:
-        for shard, name in enumerate(files):
-            rows = order[starts[shard]:starts[shard + 1]]
-            if not len(rows):
-                continue  # an empty split has no shards; a planned shard always has members
-            storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
-                                head + gather(lines, offsets[rows], offsets[rows + 1]))
-    return offsets
-
-
-def _labels_from_blocks(cfg: BuildConfig, storage: Storage, layout: Layout, position: Any, suffixes: list[str],
-                        offsets: Any, out: Any) -> int:
-    """Write labels.csv's rows to ``out``: each records.csv row as it is, then its shard and place, read as blocks
-    (``csv_blocks``); set ``offsets`` (where each row's line starts; the header's length at 0). Returns the rows."""
-    count = len(position)
-    names = [suffix.encode() for suffix in suffixes]
-    number = 0
-    with blocks(storage, staged(cfg, RECORDS), ",".join(record_fields(cfg))) as table:
-        for part in table:
-            rows = len(part)
-            if number + rows > count:
-                raise BuildError(f"{staged(cfg, RECORDS)} holds more rows than were planned")
-            text, ends = join_rows(rows, [(part.data, part.starts[:, 0], part.stops[:, -1]),  # the row as it is
-                                          (names, layout.shard_of[number:number + rows]),
-                                          (position[number:number + rows],)])
-            offsets[number + 1:number + rows + 1] = offsets[number] + ends
-            out.write(text)
-            number += rows
-    return number
-
-
-def _labels_from_rows(cfg: BuildConfig, storage: Storage, layout: Layout, position: Any, suffixes: list[str],
-                      offsets: Any, out: Any, header: str) -> int:
-    """``_labels_from_blocks`` row by row (a records.csv with a quoted field)."""
-    count = len(position)
-    at = int(offsets[0])
-    with raw_rows(storage, staged(cfg, RECORDS)) as (columns, texts):
-        if columns + ",shard,shard_position\n" != header:
-            raise BuildError(f"{staged(cfg, RECORDS)} has columns {columns!r}, expected {record_fields(cfg)}")
-        batch: list[bytes] = []
-        seen = 0
-        for number, text in enumerate(texts):
-            if number >= count:
-                raise BuildError(f"{staged(cfg, RECORDS)} holds more rows than were planned")
-            seen += 1
-            line = f"{text},{suffixes[layout.shard_of[number]]},{position[number]}\n".encode("utf-8", "surrogateescape")
-            offsets[number] = at
-            at += len(line)
-            batch.append(line)
-            if len(batch) == 4096:
-                out.writelines(batch)
-                batch.clear()
-        out.writelines(batch)
-        offsets[count] = at
-    return seen
+    labels = records.with_columns(shard=pl.Series(files, dtype=pl.String).gather(layout.shard_of) if count else
+                                  pl.lit(None, dtype=pl.String),
+                                  shard_position=pl.Series(position).cast(pl.String))
+    header = labels_header(cfg).encode()
+    storage.write_bytes(staged(cfg, LABELS), header + table_text(labels, header=False))
+    in_shards = labels[order]
+    for shard, name in enumerate(files):
+        first, last = int(starts[shard]), int(starts[shard + 1])
+        if first == last:
+            continue  # an empty split has no shards; a planned shard always has members
+        storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
+                            header + table_text(in_shards.slice(first, last - first), header=False))
 
 
 def labels_header(cfg: BuildConfig) -> str:

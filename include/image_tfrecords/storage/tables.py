@@ -1,0 +1,43 @@
+"""This package's CSV tables (labels.csv, images.csv, inspected.csv...) as polars DataFrames, and back.
+
+Every column is read as text (``pl.String``): a table's values are what it says, never a guessed type. An empty
+field reads as null and is written back empty, so a table read and written again keeps its bytes: polars quotes
+a field only where it must (a comma, a quote, a ``\\r`` or a ``\\n`` in it), as ``documents.csv_writer`` does.
+One code path for every file name, however odd. Memory: the whole table (about 300 bytes a labels.csv row).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import BuildError
+from . import Storage
+
+if TYPE_CHECKING:
+    import polars as pl
+
+
+def read_table(storage: Storage, uri: str, data: bytes | None = None) -> pl.DataFrame:
+    """The table at ``uri`` (or its bytes ``data``, read already), every column text; a damaged table (a row
+    of another count of fields, text that is not UTF-8, no header) is a ``BuildError`` naming it."""
+    import polars as pl
+
+    if data is None:
+        data = storage.read_bytes(uri)
+    if not data.strip():
+        raise BuildError(f"{uri} is empty: a table has a header line at least")
+    try:
+        return pl.read_csv(data, infer_schema=False, quote_char='"', raise_if_empty=True,
+                           truncate_ragged_lines=False)
+    except (pl.exceptions.PolarsError, UnicodeDecodeError) as exc:
+        raise BuildError(f"{uri} is not a table this package wrote: {exc}") from exc
+
+
+def table_text(frame: pl.DataFrame, header: bool = True) -> bytes:
+    """``frame`` as this package writes a CSV table: minimal quoting, rows ending in ``\\n``, null written empty."""
+    return frame.write_csv(None, include_header=header, quote_style="necessary", line_terminator="\n").encode()
+
+
+def write_table(storage: Storage, uri: str, frame: pl.DataFrame) -> None:
+    """Store ``frame`` at ``uri`` as ``table_text`` makes it."""
+    storage.write_bytes(uri, table_text(frame))
