@@ -12,7 +12,7 @@ install: $(STAMP)
 # the package itself goes in by a second call, as it has no hash to check (without setuptools' warning that
 # ext-modules is experimental: it is what builds the compiled parts, and tests/project/test_compiled_parts.py checks them).
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml include/image_tfrecords/images/_thumbstats.c \
-		include/image_tfrecords/source/_lstat.c include/image_tfrecords/storage/_spanmap.c
+		include/image_tfrecords/source/_lstat.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --require-hashes -r requirements-dev.txt

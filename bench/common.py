@@ -156,12 +156,9 @@ def signals_build() -> str:
     builds) or in the numpy fallback: a checkout whose extension was never built inspects images slower (at
     6,000 images a full build took 4.35 s against 3.65-4.0 s), and its figures are not ``make bench``'s."""
     from image_tfrecords.images import thumbnail
-    from image_tfrecords.storage import span_map
 
-    signals = "image signals compiled (`_thumbstats`)" if thumbnail._thumbstats is not None else \
+    return "image signals compiled (`_thumbstats`)" if thumbnail._thumbstats is not None else \
         "image signals in the numpy fallback (`_thumbstats` not built: `make install` builds it)"
-    joins = "joins compiled (`_spanmap`)" if span_map._Compiled is not None else "joins in the Python fallback"
-    return f"{signals}; {joins}"
 
 
 def preamble(command: str) -> list[str]:

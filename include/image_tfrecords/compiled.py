@@ -14,7 +14,6 @@ import importlib
 PARTS: dict[str, tuple[str, str]] = {
     "_thumbstats": ("image_tfrecords.images._thumbstats", "inspection's thumbnail sums in numpy"),
     "_lstat": ("image_tfrecords.source._lstat", "a local listing's lstat calls one at a time"),
-    "_spanmap": ("image_tfrecords.storage._spanmap", "the row joins in Python dicts"),
 }
 
 

@@ -21,10 +21,13 @@ import hashlib
 import itertools
 from array import array
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..storage import Storage
-from ..storage.csv_blocks import Quoted, blocks, distinct, within
+from ..storage.tables import read_table
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def unit_hash(*parts: str) -> float:
@@ -118,10 +121,10 @@ class DuplicateResolver:
             content = np.frombuffer(prefixes, dtype=np.uint64) if prefixes else np.zeros(0, dtype=np.uint64)
             numbers = np.frombuffer(labels, dtype=np.int64) if labels else np.zeros(0, dtype=np.int64)
         ordered = np.sort(content)
-        shared = distinct(ordered[1:][ordered[1:] == ordered[:-1]])  # prefixes two rows or more hold
-        candidate = within(content, shared)  # (none where nothing is shared)
+        shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # prefixes two rows or more hold
+        candidate = np.isin(content, shared, kind="sort")  # (none where nothing is shared)
         names = {number: label for label, number in label_number.items()}
-        self._labels = {names[int(n)] for n in distinct(numbers[~candidate])}  # unique content: kept
+        self._labels = {names[int(n)] for n in np.unique(numbers[~candidate])}  # unique content: kept
         self._verdicts: dict[tuple[str, str], tuple[str, str]] = {}
         if len(shared):
             wanted = {int(p) for p in shared}
@@ -159,23 +162,30 @@ class DuplicateResolver:
         return self._verdicts.get((filename, sha256))
 
 
+def hex_prefixes(sha256: pl.Series) -> pl.Series:
+    """The first 64 bits of each SHA-256 hexdigest of ``sha256`` (its first 16 hex digits, as
+    ``int(value[:16], 16)`` reads them) as UInt64; null where a value is not hex digits (empty or damaged)."""
+    import polars as pl
+
+    return sha256.str.slice(0, 16).str.to_integer(base=16, dtype=pl.UInt64, strict=False)
+
+
 def content_columns(storage: Storage, uri: str, header: str,
                     col: dict[str, int]) -> tuple[Any, Any, dict[str, int]] | None:
-    """``DuplicateResolver``'s first pass over images.csv (``uri``, columns ``col``) read as columns: each row's
-    first 64 bits of SHA-256 and its label's number, and the numbers; None for a table to read row by row."""
-    import numpy as np
+    """``DuplicateResolver``'s first pass over images.csv (``uri``, columns ``col``, its header ``header``) as
+    polars columns: each row's first 64 bits of SHA-256 (uint64) and its label's number (int64, numbered in order
+    of first appearance), and the numbers. One path for every table ``storage.tables.read_table`` reads (a damaged
+    one: ``BuildError``); None, for the caller to read it row by row, where its header is not ``header`` or a
+    sha256 is not hex digits."""
+    import polars as pl
 
-    prefixes, numbers, label_number = [], [], {}
-    try:
-        with blocks(storage, uri, header) as parts:
-            for part in parts:
-                prefixes.append(part.hex_prefixes(col["sha256"]))
-                names, label_of = np.unique(part.column(col["label"]), return_inverse=True)
-                ids = np.array([label_number.setdefault(n.decode("utf-8", "surrogateescape"), len(label_number))
-                                for n in names.tolist()], dtype=np.int64)
-                numbers.append(ids[label_of.ravel()] if len(part) else np.zeros(0, dtype=np.int64))
-    except (Quoted, ValueError):
+    table = read_table(storage, uri)
+    if ",".join(table.columns) != header:
         return None
-    if not prefixes:
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64), label_number
-    return np.concatenate(prefixes), np.concatenate(numbers), label_number
+    prefixes = hex_prefixes(table.to_series(col["sha256"]))
+    if prefixes.null_count():
+        return None
+    labels = table.to_series(col["label"]).fill_null("")
+    order = labels.unique(maintain_order=True)
+    numbers = labels.cast(pl.Enum(order)).to_physical().cast(pl.Int64)
+    return prefixes.to_numpy(), numbers.to_numpy(), {label: i for i, label in enumerate(order.to_list())}

@@ -9,17 +9,16 @@ content in two splits.
 from __future__ import annotations
 
 import hashlib
-from array import array
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..progress import summarized
 from ..published.manifest import FORMAT_VERSION, Manifest
-from ..records.schema import record_fields
 from ..rules.base_version import INSPECTOR
-from ..shards.checks import name_hash, validate_shard
+from ..rules.splits import hex_prefixes
+from ..shards.checks import validate_shard
 from ..staging import (
     CHECKED,
     DISCOVER_SUMMARY,
@@ -37,8 +36,8 @@ from ..staging import (
     staged_schema,
 )
 from ..storage import Storage
-from ..storage.csv_blocks import Quoted, blocks, distinct
-from ..storage.documents import list_rows, read_json, read_rows, write_json
+from ..storage.documents import read_json, read_rows, write_json
+from ..storage.tables import read_table
 
 
 def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, Any]) -> None:
@@ -46,7 +45,7 @@ def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents
     SHA-256 prefixes, a numpy array; 8 bytes of memory per record)."""
     import numpy as np
 
-    seen = {split: distinct(prefixes) for split, prefixes in contents.items()}
+    seen = {split: np.unique(prefixes) for split, prefixes in contents.items()}
     names = sorted(seen)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
@@ -114,38 +113,29 @@ def _build_facts(plan: dict[str, Any], inspected: dict[str, Any], shards: list[d
 
 def _label_columns(cfg: BuildConfig, storage: Storage) -> tuple[Counter[str], Counter[str], dict[str, Any]]:
     """Per split of labels.csv: its records, the sum of their name hashes (as ``set_digest``) and their contents'
-    64-bit SHA-256 prefixes. Read as columns (``csv_blocks``); a table with a quoted field, row by row."""
-    import numpy as np
+    64-bit SHA-256 prefixes (a numpy uint64 array, in the table's order). One pass over the table as polars
+    columns, whatever its names hold. A damaged table: ``BuildError`` (``read_table``), ``KeyError`` for a missing
+    column, ``ValueError`` for a sha256 that is not hex digits."""
+    import polars as pl
 
+    uri = staged(cfg, LABELS)
+    table = read_table(storage, uri)
+    for column in ("filename", "split", "sha256"):
+        if column not in table.columns:
+            raise KeyError(column)
+    prefixes = hex_prefixes(table["sha256"])
+    if prefixes.null_count():
+        at = int(prefixes.is_null().arg_true()[0])
+        raise ValueError(f"{uri}: the sha256 of {table['filename'][at]!r} is not hex digits: {table['sha256'][at]!r}")
+    table = table.select(pl.col("filename", "split").fill_null(""), prefixes.alias("prefix"))
     counts: Counter[str] = Counter()
     digests: Counter[str] = Counter()
-    parts_of: dict[str, list[Any]] = defaultdict(list)
-    fields = record_fields(cfg)
-    name, split_at, sha = fields.index("filename"), fields.index("split"), fields.index("sha256")
-    try:
-        with blocks(storage, staged(cfg, LABELS), ",".join((*fields, "shard", "shard_position"))) as table:
-            for part in table:
-                named, prefixes = part.column(split_at), part.hex_prefixes(sha)
-                names = part.column(name)
-                for split in {value.decode("utf-8", "surrogateescape") for value in distinct(named).tolist()}:
-                    rows = named == split.encode()
-                    counts[split] += int(rows.sum())
-                    digests[split] += _name_hash_sum(names[rows].tolist())
-                    parts_of[split].append(prefixes[rows])
-        return counts, digests, {split: np.concatenate(p) for split, p in parts_of.items()}
-    except (Quoted, ValueError):
-        pass
-    counts, digests = Counter(), Counter()
-    contents: dict[str, array[int]] = defaultdict(lambda: array("Q"))  # per split: 64-bit sha256 prefixes
-    with list_rows(storage, staged(cfg, LABELS)) as rows:  # plain lists: this runs over every record
-        column = {name: i for i, name in enumerate(rows.fieldnames or ())}
-        name, split_at, sha = column["filename"], column["split"], column["sha256"]
-        for values in rows.reader:
-            split = values[split_at]
-            counts[split] += 1
-            digests[split] += name_hash(values[name])
-            contents[split].append(int(values[sha][:16], 16))
-    return counts, digests, {split: np.frombuffer(p, dtype=np.uint64) for split, p in contents.items()}
+    contents: dict[str, Any] = {}
+    for (split,), part in table.group_by("split", maintain_order=True):  # (each split's rows in the table's order)
+        counts[split] = part.height
+        digests[split] = _name_hash_sum(part["filename"].cast(pl.Binary).to_list())
+        contents[split] = part["prefix"].to_numpy()
+    return counts, digests, contents
 
 
 def _name_hash_sum(names: list[bytes]) -> int:
@@ -155,7 +145,7 @@ def _name_hash_sum(names: list[bytes]) -> int:
     if not names:
         return 0
     sha256 = hashlib.sha256
-    words = np.frombuffer(b"".join([sha256(n).digest()[:16] for n in names]), dtype=">u4").reshape(-1, 4)
+    words = np.frombuffer(b"".join([sha256(n).digest() for n in names]), dtype=">u4").reshape(-1, 8)[:, :4]
     sums = words.sum(axis=0, dtype=np.uint64).tolist()
     return sum(int(total) << (32 * (3 - k)) for k, total in enumerate(sums))
 
