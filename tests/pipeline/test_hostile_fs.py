@@ -601,7 +601,7 @@ def test_full_temp_dir_fails_with_one_line(tmp_path: Path) -> None:
     src = tmp_path / "src"
     for cls in ("a", "b", "c"):
         (src / cls).mkdir(parents=True)
-    for i in range(900):  # distinct tiny images: their CSV rows are far more than 64 KiB
+    for i in range(900):  # distinct tiny images: discovery's temporary table of them is far more than 16 KiB
         (src / ("a", "b", "c")[i % 3] / f"img-{i:04d}.png").write_bytes(_image("PNG", seed=i, size=(3, 3)))
     dest = tmp_path / "out"
     first = _cli(src, dest, "--workers", "2")
@@ -609,7 +609,7 @@ def test_full_temp_dir_fails_with_one_line(tmp_path: Path) -> None:
     dataset = dest / DATASET
     before = _snapshot(dataset / "v1", dataset / "latest.json")
     (src / "a" / "extra.png").write_bytes(_image("PNG", seed=12345, size=(3, 3)))
-    with _tmpfs(tmp_path / "tinytmp", "64k") as tiny:
+    with _tmpfs(tmp_path / "tinytmp", "16k") as tiny:
         result = _cli(src, dest, "--workers", "2", version="v2", env={**os.environ, "TMPDIR": str(tiny)})
         assert not list(tiny.iterdir()), "temporary files left behind"
     line = _assert_one_error(result, code=1)

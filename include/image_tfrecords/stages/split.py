@@ -5,28 +5,24 @@ from __future__ import annotations
 import contextlib
 import csv
 import itertools
-import operator
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.quality import FLAGS, parse_flags
 from ..images.transform import planned_bytes, planned_facts, too_big
-from ..options import OPTIONS, default
 from ..progress import log, summarized
 from ..published import layout
-from ..published.layout import NEAR_DUPLICATES_FIELDS
 from ..published.manifest import Manifest
 from ..records.schema import REJECTS_FIELDS, record_fields
 from ..rules.near_duplicates import Placement, hash_array, place, unreliable
-from ..rules.splits import DuplicateResolver, assign_split, content_columns, split_assigner, unit_points
+from ..rules.splits import DuplicateResolver, content_columns, unit_points
 from ..staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
     GROUPS,
+    IMAGE_FIELDS,
     IMAGES,
     INSPECT_REJECTS,
     METADATA,
@@ -37,9 +33,11 @@ from ..staging import (
     staged,
 )
 from ..storage import Storage, join
-from ..storage.csv_blocks import Block, Quoted, blocks, within
-from ..storage.documents import RowWriter, list_rows, read_json, read_rows, write_json
-from ..storage.row_text import join_rows
+from ..storage.documents import read_json, read_rows, write_json
+from ..storage.tables import read_table, write_table
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 @summarized
@@ -55,24 +53,24 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv), and
     so is the group column's value (``groups.csv``), which keys the split of an image that has one.
     """
+    import polars as pl
+
     inspected = staged(cfg, IMAGES)
-    with list_rows(storage, inspected) as rows:  # plain lists, not dicts: the passes run over every image
-        col = {name: i for i, name in enumerate(rows.fieldnames or ())}
-    name, label, sha = col["filename"], col["label"], col["sha256"]
-
-    def images() -> Iterator[tuple[str, str, str]]:
-        with list_rows(storage, inspected) as rows:
-            yield from ((v[name], v[label], v[sha]) for v in rows.reader)
-
+    images = read_table(storage, inspected)
+    if tuple(images.columns) != IMAGE_FIELDS:
+        raise BuildError(f"{inspected} has columns {images.columns}, expected {IMAGE_FIELDS}")
+    col = {name: i for i, name in enumerate(images.columns)}
     header = ",".join(col)
-    resolver = DuplicateResolver(images, content_columns(storage, inspected, header, col))
+    resolver = DuplicateResolver(lambda: images.select("filename", "label", "sha256").fill_null("").iter_rows(),
+                                 content_columns(storage, inspected, header, col))
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
     multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
     manifest = layout.read_manifest(storage, join(cfg.dataset_uri, previous)) if previous else None
     known = list(manifest.classes) if manifest else []
     published = _published(cfg, storage, manifest)
-    placement = _near_duplicates(cfg, storage, inspected, col, resolver, published)
+    groups = _group_values(cfg, storage, images)
+    placement = _near_duplicates(cfg, images, resolver, published, groups)
     for damaged in found.get("damaged_versions", [])[:1]:  # the newest one passed over: keep the ids it gave
         known = _classes_of_damaged(cfg, storage, damaged.split(":", 1)[0], known, multi)
     kept = resolver.kept_labels()
@@ -80,232 +78,175 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         kept = {name for label_set in kept for name in label_set.split(sep)}
     classes = known + sorted(kept - set(known))
     class_ids = {name: i for i, name in enumerate(classes)}
-    per_split: dict[str, Counter[str]] = {name: Counter() for name in cfg.splits}
-    reasons: Counter[str] = Counter()
-    fields = record_fields(cfg)
-    reject_flags = set(cfg.quality_reject.split(",")) - {""}
+    earlier = [read_table(storage, staged(cfg, name)) for name in (DISCOVER_REJECTS, INSPECT_REJECTS)]
+    records, rejected, near = _records(cfg, storage, images, resolver, placement, published, groups, class_ids, multi)
+    rejects = pl.concat([frame.select(REJECTS_FIELDS) for frame in (*earlier, rejected)])
+    write_table(storage, staged(cfg, RECORDS), records)
+    write_table(storage, staged(cfg, REJECTS), rejects)
+    write_table(storage, staged(cfg, NEAR_DUPLICATES), near)
+    reasons = Counter(dict(rejects["reason"].fill_null("").value_counts().iter_rows()))
     flagged: Counter[str] = Counter()  # quality flag -> records stored with it
-    with RowWriter(storage, staged(cfg, RECORDS), fields) as labels, \
-            RowWriter(storage, staged(cfg, REJECTS), REJECTS_FIELDS) as rejects, \
-            RowWriter(storage, staged(cfg, NEAR_DUPLICATES), NEAR_DUPLICATES_FIELDS) as near, \
-            list_rows(storage, staged(cfg, METADATA)) as metadata, \
-            _group_values(cfg, storage) as group_of:
-        for earlier in (DISCOVER_REJECTS, INSPECT_REJECTS):
-            with read_rows(storage, staged(cfg, earlier)) as rows:
-                for row in rows:
-                    rejects.write(row)
-                    reasons[row["reason"]] += 1
-        run = _Run(cfg, col, fields, resolver, published, placement, class_ids, labels, rejects, near, reasons,
-                   per_split, flagged)
-        as_columns = columnar_ok(cfg, multi, placement, fields, col)
-        if not (as_columns and _staged_as_columns(run, storage, inspected, header)):
-            with list_rows(storage, inspected) as rows:
-                if {name: i for i, name in enumerate(rows.fieldnames or ())} != col:  # (reads the header)
-                    raise BuildError(f"{inspected} changed while it was read")
-                _rows_records(run, rows, metadata, group_of, multi, sep, reject_flags)
+    for flags, count in records["quality"].drop_nulls().value_counts().iter_rows():
+        for flag in flags.split("|"):
+            flagged[flag] += count
+    per_split = _split_sizes(cfg, records)
     summary = {"classes": classes, "multi_label": multi, "previous_version": previous,
                "source_fingerprint": found["fingerprint"],
-               "num_records": labels.count, "num_rejected": rejects.count, "num_skipped": found["skipped"],
+               "num_records": len(records), "num_rejected": len(rejects), "num_skipped": found["skipped"],
                "skipped_by_kind": found.get("skipped_by_kind", {}),
                "rejects_by_reason": dict(sorted(reasons.items())),
                "quality_flags": {flag: flagged[flag] for flag in FLAGS if flagged[flag]},
                "near_duplicates": {"bits": cfg.near_duplicate_bits, "groups_found": placement.groups,
-                                   "records_in_groups": near.count, "kept_across_labels": placement.kept_across_labels,
+                                   "records_in_groups": len(near), "kept_across_labels": placement.kept_across_labels,
                                    "gated": placement.gated},
-               "splits": {name: {"num_records": c["records"], "num_bytes": c["bytes"]}
-                          for name, c in per_split.items()}}
+               "splits": per_split}
     write_json(storage, staged(cfg, SPLIT_SUMMARY), summary)
     why = ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items()))
-    if not labels.count:
-        raise BuildError(f"no valid images to publish: all {rejects.count} files were rejected ({why})")
-    share = rejects.count / (labels.count + rejects.count)
+    if records.is_empty():
+        raise BuildError(f"no valid images to publish: all {len(rejects)} files were rejected ({why})")
+    share = len(rejects) / (len(records) + len(rejects))
     if share > cfg.max_reject_fraction:
-        raise BuildError(f"{rejects.count} of {labels.count + rejects.count} files rejected ({share:.0%}, more "
+        raise BuildError(f"{len(rejects)} of {len(records) + len(rejects)} files rejected ({share:.0%}, more "
                          f"than max_reject_fraction {cfg.max_reject_fraction:g}): {why}; see {staged(cfg, REJECTS)}")
     return {key: summary[key] for key in ("num_records", "num_rejected", "num_skipped")} | {
         "num_classes": len(classes)}
 
 
-# The options the columnar path is right for at any value: splits and salt (``_block_records`` implements them),
-# the near-duplicate search (through ``placement``, checked apart) and those that act before this stage. Any
-# other option acting on records (``effect`` records, split or selection) must have its default there: a new
-# one is staged row by row until it is added here.
-COLUMNAR_OPTIONS = frozenset({"splits", "salt", "source", "as_of", "max_file_mb", "max_pixels", "modern_formats",
-                              "near_duplicate_bits", "near_duplicate_labels"})
+def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver: DuplicateResolver,
+             placement: Placement, published: dict[str, tuple[str, str]], groups: pl.Series,
+             class_ids: dict[str, int], multi: bool) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Each image of images.csv (``images``) as its record (records.csv: ``record_fields``, in images.csv's order)
+    or its reject (rejects.csv's columns, in the same order), and the kept records' near-duplicate groups
+    (near_duplicates.csv). A file is rejected when another of the same content is kept (``resolver``), grouping
+    rejects it (``placement``), it has a quality flag ``quality_reject`` names, or the image options would make
+    it too big. Its split: its near-duplicate group's, else the previous version's, else the split rule's (of its
+    group column value ``groups``, else of its content hash). A multi-label record's ``label_id`` is its class
+    ids joined by the separator."""
+    import polars as pl
+
+    opts, sep, fields = cfg.image_options, cfg.label_separator, record_fields(cfg)
+    frame = images.drop("reason", "detail").with_row_index("number").with_columns(pl.col("label").fill_null(""),
+                                                                                   group_value=groups)
+    why = pl.DataFrame([(name, sha, *verdict) for (name, sha), verdict in resolver.verdicts.items()],
+                       schema={"filename": pl.String, "sha256": pl.String, "reason": pl.String, "detail": pl.String},
+                       orient="row")
+    frame = frame.join(why, on=["filename", "sha256"], how="left", maintain_order="left")
+    if placement.rejected:
+        grouped = pl.DataFrame([(number, *verdict) for number, verdict in placement.rejected.items()],
+                               schema={"number": pl.UInt32, "why": pl.String, "what": pl.String}, orient="row")
+        frame = frame.join(grouped, on="number", how="left", maintain_order="left").with_columns(
+            reason=pl.coalesce("reason", "why"), detail=pl.coalesce("detail", "what")).drop("why", "what")
+    if reject_flags := set(cfg.quality_reject.split(",")) - {""}:
+        hits = {text: ", ".join(f for f in parse_flags(text) if f in reject_flags) or None
+                for text in frame["quality"].drop_nulls().unique().to_list()}
+        hit = pl.col("quality").replace_strict(hits, default=None, return_dtype=pl.String)
+        low = pl.col("reason").is_null() & hit.is_not_null()
+        frame = frame.with_columns(reason=pl.when(low).then(pl.lit("low_quality")).otherwise("reason"),
+                                   detail=pl.when(low).then(hit).otherwise("detail"))
+    frame = frame.with_columns(split=_splits_of(cfg, frame, placement, published),
+                               near_group=_groups_of(frame, placement, published))
+    names = {labels: sep.join(str(class_ids[n]) for n in labels.split(sep)) if multi else str(class_ids[labels])
+             for labels in frame.filter(pl.col("reason").is_null())["label"].unique().to_list()}
+    frame = frame.with_columns(label_id=pl.col("label").replace_strict(names, default=None, return_dtype=pl.String))
+    if not opts.is_default:
+        frame = _planned(cfg, frame)
+    if cfg.columns:
+        frame = frame.drop(*(name for name in cfg.columns if name in frame.columns)).join(
+            _metadata(cfg, storage), on="filename", how="left", maintain_order="left")
+        if (lost := frame.filter(pl.col("reason").is_null() & pl.col("__listed").is_null())).height:
+            raise BuildError(f"{lost['filename'][0]} has no row in the staged {METADATA}")
+    kept = frame.filter(pl.col("reason").is_null())
+    records = kept.select(pl.col(name) if name in kept.columns else pl.lit(None, dtype=pl.String).alias(name)
+                          for name in fields)
+    near = kept.filter(pl.col("near_group").is_not_null()).select(
+        "filename", "label", "split", "near_group", "sha256")
+    return records, frame.filter(pl.col("reason").is_not_null()).select(REJECTS_FIELDS), near
 
 
-def columnar_ok(cfg: BuildConfig, multi: bool, placement: Placement, fields: tuple[str, ...],
-                col: dict[str, int]) -> bool:
-    """Whether each record is its image's images.csv row with its fields reordered, the label's id and the split
-    set (``_block_records``): a single-label build without near-duplicate groups, whose records' fields images.csv
-    has, and whose options acting on records are those ``COLUMNAR_OPTIONS`` names or at their defaults."""
-    if multi or placement.split or placement.group or placement.rejected or \
-            not set(fields) <= {*col, "label_id", "split"}:
-        return False
-    return all(getattr(cfg, o.name) == default(o.name) for o in OPTIONS
-               if o.config and o.effect in ("records", "split", "selection") and o.name not in COLUMNAR_OPTIONS)
-
-
-def _staged_as_columns(run: _Run, storage: Storage, inspected: str, header: str) -> bool:
-    """Stage the records block by block (``_block_records``); False, with nothing staged, when images.csv holds a
-    quoted field (``blocks`` says so before any block)."""
-    try:
-        with blocks(storage, inspected, header) as table:
-            for part in table:
-                _block_records(run, part)
-    except Quoted:
-        return False
-    return True
-
-
-@dataclass
-class _Run:
-    """What a pass over images.csv reads (the build's rules) and adds to (the staged tables and the tallies)."""
-
-    cfg: BuildConfig
-    col: dict[str, int]  # images.csv column -> its index
-    fields: tuple[str, ...]  # records.csv's columns
-    resolver: DuplicateResolver
-    published: dict[str, tuple[str, str]]
-    placement: Placement
-    class_ids: dict[str, int]
-    labels: RowWriter
-    rejects: RowWriter
-    near: RowWriter
-    reasons: Counter[str]
-    per_split: dict[str, Counter[str]]
-    flagged: Counter[str]
-
-
-def _rows_records(run: _Run, rows: Any, metadata: Any, group_of: Callable[[str], str], multi: bool, sep: str,
-                  reject_flags: set[str]) -> None:
-    """Stage each image's record (or reject) row by row: any build, any table."""
-    cfg, col, fields, resolver, published, placement = run.cfg, run.col, run.fields, run.resolver, run.published, \
-        run.placement
-    class_ids, labels, rejects, near, reasons, per_split = run.class_ids, run.labels, run.rejects, run.near, \
-        run.reasons, run.per_split
-    opts = cfg.image_options
-    name, label, sha = col["filename"], col["label"], col["sha256"]
-    # label_id, split and the columns are set below: ``take`` gives them the "" appended to each row
-    take = operator.itemgetter(*(col.get(field, len(col)) for field in fields))
-    split_of, as_inspected = split_assigner(cfg.salt, cfg.splits), opts.is_default
-    label_id, split_at = fields.index("label_id"), fields.index("split")
-    facts = [fields.index(f) for f in ("width", "height", "channels", "format", "transform",
-                                        "encoded_sha256", "encoded_bytes")]
-    width, height, channels, fmt, _, _, size = facts
-    quality = col["quality"]
-    meta = iter(metadata.reader)
-    for number, values in enumerate(rows.reader):
-        verdict = resolver.verdict(values[name], values[sha]) or placement.rejected.get(number)
-        if verdict:
-            rejects.write({"filename": values[name], "reason": verdict[0], "detail": verdict[1]})
-            reasons[verdict[0]] += 1
-            continue
-        if reject_flags and values[quality] and (hit := [f for f in parse_flags(values[quality])
-                                                         if f in reject_flags]):
-            rejects.write({"filename": values[name], "reason": "low_quality", "detail": ", ".join(hit)})
-            reasons["low_quality"] += 1
-            continue
-        before = published.get(values[sha])
-        split = placement.split.get(number) or (before[0] if before else "")
-        if not split:
-            group = group_of(values[name])
-            split = assign_split(values[sha], cfg.salt, cfg.splits, group) if group else split_of(values[sha])
-        values.append("")  # what ``take`` gives the fields set below
-        record = list(take(values))
-        record[split_at] = split
-        if multi:
-            record[label_id] = sep.join(str(class_ids[n]) for n in values[label].split(sep))
-        else:
-            record[label_id] = class_ids[values[label]]
-        if not as_inspected:
-            planned = planned_facts(opts, record[fmt], *(record[i] for i in facts if i != fmt))
-            if detail := too_big(planned, cfg.max_pixels):  # upscale: shortest:N of a long strip
-                rejects.write({"filename": values[name], "reason": "too_many_pixels", "detail": detail})
-                reasons["too_many_pixels"] += 1
-                continue
-            for i, value in zip(facts, planned, strict=True):
-                record[i] = value
-        if cfg.columns:
-            record[len(fields) - len(cfg.columns):] = _metadata_of(values[name], meta)
-        labels.write_values(record)
-        if values[quality]:
-            run.flagged.update(values[quality].split("|"))
-        if group := placement.group.get(number) or (before[1] if before else ""):
-            near.write_values([values[name], values[label], split, group, values[sha]])
-        per_split[split]["records"] += 1
-        per_split[split]["bytes"] += planned_bytes(record[size], record[fmt], record[width], record[height],
-                                                   record[channels], cfg.jpeg_quality)
-
-
-def _block_records(run: _Run, part: Block) -> None:
-    """``_rows_records`` for one block of images.csv, as columns: a single-label build with the default image
-    options and no declared columns, group column, quality rejects or near-duplicate search, whose records are
-    its images' rows with their fields reordered, the label's id and the split set."""
+def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement,
+               published: dict[str, tuple[str, str]]) -> pl.Series:
+    """Each image's split: its new near-duplicate group's, else its published one, else the split rule's."""
     import numpy as np
+    import polars as pl
 
-    cfg, col, fields = run.cfg, run.col, run.fields
-    names, shas = part.column(col["filename"]), part.column(col["sha256"])
-    kept = np.ones(len(part), dtype=bool)
-    if verdicts := run.resolver.verdicts:  # the few files that share content with another
-        suspects = np.flatnonzero(within(names, np.array([n.encode("utf-8", "surrogateescape")
-                                                           for n, _ in verdicts], dtype=bytes)))
-        for i in suspects.tolist():
-            key = (names[i].decode("utf-8", "surrogateescape"), shas[i].decode())
-            if verdict := verdicts.get(key):
-                run.rejects.write({"filename": key[0], "reason": verdict[0], "detail": verdict[1]})
-                run.reasons[verdict[0]] += 1
-                kept[i] = False
-    rows = np.flatnonzero(kept)
-    splits = list(cfg.splits)
+    names = list(cfg.splits)
     bounds = np.array(list(itertools.accumulate(cfg.splits.values())))
-    number = np.minimum(np.searchsorted(bounds, unit_points(("split", cfg.salt), shas[rows].tolist()), side="right"),
-                        len(splits) - 1)  # the first split whose bound is above the point (``split_assigner``)
-    groups: dict[int, str] = {}
-    if run.published:  # images the previous version grouped keep its split and group
-        for k, i in enumerate(rows.tolist()):
-            if before := run.published.get(shas[i].decode()):
-                number[k] = splits.index(before[0])
-                groups[k] = before[1]
-    label_names, label_of = np.unique(part.column(col["label"])[rows], return_inverse=True)
-    ids = [b"%d" % run.class_ids[n.decode("utf-8", "surrogateescape")] for n in label_names.tolist()]
-    split_names = [n.encode() for n in splits]
-    generated = {"label_id": (ids, label_of.ravel()), "split": (split_names, number)}
-    pieces = [generated[run_of[0]] if run_of[0] in generated else
-              (part.data, part.starts[rows, col[run_of[0]]], part.stops[rows, col[run_of[-1]]])
-              for run_of in _runs(col, fields)]  # (a run of consecutive columns, with the commas between them)
-    run.labels.write_text(join_rows(len(rows), pieces)[0], len(rows))
-    for split, records in zip(splits, np.bincount(number, minlength=len(splits)).tolist(), strict=True):
-        run.per_split[split]["records"] += records
-    try:
-        sizes = part.integers(col["encoded_bytes"])[rows]
-    except ValueError:  # a size left to plan: the row path's rule
-        sizes = np.array([planned_bytes(*(part.column(col[f])[i].decode() for f in
-                                          ("encoded_bytes", "format", "width", "height", "channels")),
-                                        cfg.jpeg_quality) for i in rows.tolist()], dtype=np.int64)
-    for split, total in zip(splits, np.bincount(number, weights=sizes, minlength=len(splits)).tolist(), strict=True):
-        run.per_split[split]["bytes"] += int(total)
-    quality = part.column(col["quality"])[rows]
-    for flags in quality[quality != b""].tolist():
-        run.flagged.update(flags.decode().split("|"))
-    for k, group in groups.items():
-        if group:
-            i = int(rows[k])
-            run.near.write_values([names[i].decode("utf-8", "surrogateescape"),
-                                   part.column(col["label"])[i].decode("utf-8", "surrogateescape"),
-                                   splits[int(number[k])], group, shas[i].decode()])
+    shas = frame["sha256"].fill_null("").to_list()
+    points = unit_points(("split", cfg.salt), [sha.encode() for sha in shas])
+    if cfg.group_column:  # an image with a group value: its group's point
+        grouped = frame["group_value"].fill_null("").to_list()
+        points = np.where([bool(g) for g in grouped], unit_points(("group", cfg.salt), [g.encode() for g in grouped]),
+                          points)
+    number = np.minimum(np.searchsorted(bounds, points, side="right"), len(names) - 1)
+    rule = [names[i] for i in number.tolist()]  # the first split whose bound is above the point
+    for i, sha in enumerate(shas):
+        if before := published.get(sha):
+            rule[i] = before[0] or rule[i]
+    for i, split in placement.split.items():
+        rule[i] = split or rule[i]
+    return pl.Series("split", rule, dtype=pl.String)
 
 
-def _runs(col: dict[str, int], fields: tuple[str, ...]) -> list[list[str]]:
-    """``fields`` cut into runs that are consecutive columns of images.csv (``col``), so that each run is one
-    slice of a row; a field images.csv lacks is a run of its own."""
-    runs: list[list[str]] = []
-    for field in fields:
-        if runs and field in col and runs[-1][-1] in col and col[runs[-1][-1]] + 1 == col[field]:
-            runs[-1].append(field)
-        else:
-            runs.append([field])
-    return runs
+def _groups_of(frame: pl.DataFrame, placement: Placement, published: dict[str, tuple[str, str]]) -> pl.Series:
+    """Each image's near-duplicate group key: its new group's, else its published one's; null for none."""
+    import polars as pl
+
+    keys: list[str | None] = [None] * frame.height
+    if published:
+        for i, sha in enumerate(frame["sha256"].to_list()):
+            if (before := published.get(sha)) and before[1]:
+                keys[i] = before[1]
+    for i, group in placement.group.items():
+        keys[i] = group or keys[i]
+    return pl.Series("near_group", keys, dtype=pl.String)
+
+
+def _planned(cfg: BuildConfig, frame: pl.DataFrame) -> pl.DataFrame:
+    """The records' facts under non-default image options (``transform.planned_facts``), and the reject
+    ``too_many_pixels`` of one the options would make too big."""
+    import polars as pl
+
+    facts = ("width", "height", "channels", "format", "transform", "encoded_sha256", "encoded_bytes")
+    rows = frame.select("reason", "format", "width", "height", "channels", "transform", "encoded_sha256",
+                        "encoded_bytes").iter_rows()
+    planned, reasons, details = [], [], []
+    for reason, fmt, *rest in rows:
+        if reason is not None:
+            planned.append((None,) * len(facts))
+            reasons.append(reason)
+            details.append(None)
+            continue
+        made = planned_facts(cfg.image_options, fmt or "", *(value or "" for value in rest))
+        planned.append(tuple(value or None for value in made))
+        detail = too_big(made, cfg.max_pixels)  # upscale: shortest:N of a long strip
+        reasons.append("too_many_pixels" if detail else None)
+        details.append(detail or None)
+    columns = pl.DataFrame(planned, schema=dict.fromkeys(facts, pl.String), orient="row").with_columns(
+        too_big=pl.Series(details, dtype=pl.String))
+    return frame.with_columns(*(pl.when(pl.col("reason").is_null()).then(columns[name]).otherwise(name).alias(name)
+                                for name in facts),
+                              detail=pl.coalesce(columns["too_big"], "detail"),
+                              reason=pl.Series(reasons, dtype=pl.String))
+
+
+def _split_sizes(cfg: BuildConfig, records: pl.DataFrame) -> dict[str, dict[str, int]]:
+    """Records and planned bytes (``transform.planned_bytes``) of each split, in ``cfg.splits``' order."""
+    out = {name: {"num_records": 0, "num_bytes": 0} for name in cfg.splits}
+    for split, size, fmt, width, height, channels in records.select(
+            "split", "encoded_bytes", "format", "width", "height", "channels").iter_rows():
+        out[split]["num_records"] += 1
+        out[split]["num_bytes"] += planned_bytes(size or "", fmt or "", width or "", height or "", channels or "",
+                                                 cfg.jpeg_quality)
+    return out
+
+
+def _metadata(cfg: BuildConfig, storage: Storage) -> pl.DataFrame:
+    """The declared labels.csv columns of each discovered file (metadata.csv, named as ``cfg.columns``), and
+    ``__listed`` to tell a file it lists."""
+    import polars as pl
+
+    table = read_table(storage, staged(cfg, METADATA))
+    return table.rename(dict(zip(table.columns[1:], cfg.columns, strict=True))).with_columns(__listed=pl.lit(True))
 
 
 def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> dict[str, tuple[str, str]]:
@@ -316,83 +257,68 @@ def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) ->
     new), and with a group column too (an image whose group value was edited stays where it is). A previous
     version that lost those files gives what is left (a damaged base is rebuilt in full anyway).
     Memory: about 200 bytes per record read."""
+    import polars as pl
+
     params = manifest.params if manifest is not None else {}
     if manifest is None or (params.get("splits"), params.get("salt"), params.get("group_column", "")) != \
             (cfg.splits, cfg.salt, cfg.group_column):
         return {}
     version = join(cfg.dataset_uri, manifest.version)
     grouped: dict[str, tuple[str, str]] = {}
-    with contextlib.suppress(FileNotFoundError), read_rows(storage, join(version, layout.NEAR_DUPLICATES)) as rows:
-        grouped = {row["sha256"]: (row["split"], row["near_group"]) for row in rows}  # none before 0.6.0
+    with contextlib.suppress(FileNotFoundError):  # none before 0.6.0
+        near = read_table(storage, join(version, layout.NEAR_DUPLICATES)).fill_null("")
+        grouped = {sha: (split, group) for sha, split, group in
+                   near.select("sha256", "split", "near_group").iter_rows()}
     if cfg.near_duplicate_bits <= 0 and not cfg.group_column:
         return grouped
-    published: dict[str, tuple[str, str]] = {}
     try:
-        with list_rows(storage, join(version, layout.LABELS)) as rows:
-            names = list(rows.fieldnames or ())
-            sha, split = names.index("sha256"), names.index("split")
-            for values in rows.reader:
-                published[values[sha]] = (values[split], grouped.get(values[sha], ("", ""))[1])
-    except (FileNotFoundError, ValueError, IndexError, csv.Error) as exc:
+        labels = read_table(storage, join(version, layout.LABELS)).select("sha256", "split").fill_null("")
+    except (FileNotFoundError, BuildError, pl.exceptions.ColumnNotFoundError) as exc:
         log.warning("near-duplicates: %s of version %s unreadable (%s): its records count as new",
                     layout.LABELS, manifest.version, exc)
         return grouped
-    return published
+    return {sha: (split, grouped.get(sha, ("", ""))[1]) for sha, split in labels.iter_rows()}
 
 
-def _near_duplicates(cfg: BuildConfig, storage: Storage, inspected: str, col: dict[str, int],
-                     resolver: DuplicateResolver, published: dict[str, tuple[str, str]]) -> Placement:
-    """Group the images of ``inspected`` (images.csv) that ``resolver`` keeps and place the groups
+def _near_duplicates(cfg: BuildConfig, images: pl.DataFrame, resolver: DuplicateResolver,
+                     published: dict[str, tuple[str, str]], groups: pl.Series) -> Placement:
+    """Group the images of images.csv (``images``) that ``resolver`` keeps and place the groups
     (``rules.near_duplicates``); row numbers of images.csv index the placement. An image the reliability
     gate leaves out (``rules.near_duplicates.gated``) is grouped with nothing, and counted."""
-    names: list[str] = []
-    shas: list[str] = []
-    labels: list[str] = []
-    hashes: list[str] = []
-    groups: list[str] = []
     if cfg.near_duplicate_bits <= 0:
         return Placement()
-    with list_rows(storage, inspected) as rows, _group_values(cfg, storage) as group_of:
-        name, label, sha, phash = col["filename"], col["label"], col["sha256"], col["phash"]
-        width, height, contrast = col["width"], col["height"], col["contrast"]
-        gated = 0
-        for values in rows.reader:
-            names.append(values[name])
-            shas.append(values[sha])
-            labels.append(values[label])
-            value = "" if resolver.verdict(values[name], values[sha]) else values[phash]
-            if value and unreliable(values[width], values[height], values[contrast]):
-                value = ""
-                gated += 1
-            hashes.append(value)
-            groups.append(group_of(values[name]))
+    columns = images.select("filename", "sha256", "label", "phash", "width", "height", "contrast").fill_null("")
+    names, shas, labels = (columns[name].to_list() for name in ("filename", "sha256", "label"))
+    hashes: list[str] = []
+    gated = 0
+    for name, sha, _, phash, width, height, contrast in columns.iter_rows():
+        value = "" if resolver.verdict(name, sha) else phash
+        if value and unreliable(width, height, contrast):
+            value = ""
+            gated += 1
+        hashes.append(value)
     placement = place(names, shas, labels, hash_array(hashes), published, cfg.near_duplicate_bits, cfg.salt,
-                      cfg.splits, keep_across_labels=cfg.near_duplicate_labels == "keep", group_values=groups)
+                      cfg.splits, keep_across_labels=cfg.near_duplicate_labels == "keep",
+                      group_values=groups.fill_null("").to_list())
     placement.gated = gated
     log.info("near-duplicates: %d groups of new images (%d bits); %d images rejected; %d left out by the "
              "reliability gate", placement.groups, cfg.near_duplicate_bits, len(placement.rejected), gated)
     return placement
 
 
-@contextlib.contextmanager
-def _group_values(cfg: BuildConfig, storage: Storage) -> Iterator[Callable[[str], str]]:
-    """A function giving each image's group column value, asked in images.csv's order (a subsequence of
-    ``groups.csv``'s, which discovery wrote); ``""`` for every image without a group column."""
+def _group_values(cfg: BuildConfig, storage: Storage, images: pl.DataFrame) -> pl.Series:
+    """Each image's group column value (groups.csv, which discovery wrote; null for none), in images.csv's order;
+    all null without a group column."""
+    import polars as pl
+
     if not cfg.group_column:
-        yield lambda _filename: ""
-        return
-    with list_rows(storage, staged(cfg, GROUPS)) as rows:
-        values = iter(rows.reader)
-        yield lambda filename: _metadata_of(filename, values, GROUPS)[0]
-
-
-def _metadata_of(filename: str, rows: Iterator[list[str]], table: str = METADATA) -> list[str]:
-    """The declared columns of ``filename``: the next row of ``rows`` that names it (both tables list files
-    in discovery order, images.csv a subsequence of metadata.csv's)."""
-    for values in rows:
-        if values[0] == filename:
-            return values[1:]
-    raise BuildError(f"{filename} has no row in the staged {table}")
+        return pl.Series("group_value", [None] * images.height, dtype=pl.String)
+    table = read_table(storage, staged(cfg, GROUPS))
+    values = images.select("filename").join(table.rename({table.columns[1]: "group_value"}).with_columns(
+        __listed=pl.lit(True)), on="filename", how="left", maintain_order="left")
+    if (lost := values.filter(pl.col("__listed").is_null())).height:
+        raise BuildError(f"{lost['filename'][0]} has no row in the staged {GROUPS}")
+    return values["group_value"]
 
 
 def _classes_of_damaged(cfg: BuildConfig, storage: Storage, version: str, known: list[str],
