@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from image_tfrecords.rules.splits import DuplicateResolver, assign_split, split_assigner, unit_hash, unit_hasher
+from image_tfrecords.rules.splits import DuplicateResolver, assign_split, assign_splits, unit_hash, unit_points
 
 SPLITS = {"train": 0.7, "validation": 0.2, "test": 0.1}
 
@@ -175,11 +175,14 @@ def test_a_group_value_keys_the_split_whatever_the_content() -> None:
 
 
 @pytest.mark.parametrize("splits", [SPLITS, {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, {"only": 1.0}])
-def test_split_assigner_gives_assign_splits_answers(splits: dict[str, float]) -> None:
-    split_of = split_assigner("salt", splits)
-    assert [split_of(h) for h in HASHES] == [assign_split(h, "salt", splits) for h in HASHES]
+def test_assign_splits_gives_assign_splits_answers(splits: dict[str, float]) -> None:
+    groups = [f"p{i % 7}" if i % 3 == 0 else "" for i in range(len(HASHES))]
+    assert assign_splits(HASHES, "salt", splits, groups) == \
+        [assign_split(h, "salt", splits, g) for h, g in zip(HASHES, groups, strict=True)]
+    assert assign_splits(HASHES, "salt", splits) == [assign_split(h, "salt", splits) for h in HASHES]
+    assert assign_splits([], "salt", splits) == []
 
 
-def test_unit_hasher_is_unit_hash_of_its_prefix() -> None:
-    point = unit_hasher("order", "s\u00e9l")
-    assert [point(h) for h in HASHES[:500]] == [unit_hash("order", "s\u00e9l", h) for h in HASHES[:500]]
+def test_unit_points_are_unit_hashes() -> None:
+    points = unit_points(("order", "s\u00e9l"), [h.encode() for h in HASHES[:500]]).tolist()
+    assert points == [unit_hash("order", "s\u00e9l", h) for h in HASHES[:500]]

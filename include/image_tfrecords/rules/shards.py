@@ -9,12 +9,12 @@ are balanced in count and never empty. Shards are grouped into at most ``max_tas
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..published.layout import shard_file
-from .splits import unit_hash, unit_hasher
+from .splits import unit_hash
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,11 +45,6 @@ def shard_count(total_bytes: int, num_records: int, shard_size_mb: float) -> int
 def order_key(salt: str, sha256: str) -> float:
     """Position of a record in its split's shuffled order."""
     return unit_hash("order", salt, sha256)
-
-
-def order_keys(salt: str) -> Callable[[str], float]:
-    """``order_key`` of ``salt`` as a function of the record's SHA-256, for a pass over every record."""
-    return unit_hasher("order", salt)
 
 
 def deal(keys: Sequence[float], num_shards: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..storage import Storage
@@ -36,36 +36,9 @@ def unit_hash(*parts: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def assign_split(sha256: str, salt: str, splits: Mapping[str, float], group: str = "") -> str:
-    """The split for an image with content hash ``sha256``; with a ``group`` (the group column's value),
-    the group's split, which every image of the group shares."""
-    point = unit_hash("group", salt, group) if group else unit_hash("split", salt, sha256)
-    return _split_at(point, list(splits), list(itertools.accumulate(splits.values())))
-
-
-def _split_at(point: float, names: list[str], bounds: list[float]) -> str:
-    """The first split whose cumulative fraction (``bounds``) is above ``point``."""
-    for name, bound in zip(names, bounds):  # noqa: B905 - same lengths
-        if point < bound:
-            return name
-    return names[-1]  # float rounding at the top end
-
-
-def unit_hasher(*parts: str) -> Callable[[str], float]:
-    """``unit_hash(*parts, last)`` as a function of ``last``, the prefix encoded once: for passes over
-    every image."""
-    prefix = "\0".join((*parts, "")).encode()
-    sha256, from_bytes = hashlib.sha256, int.from_bytes
-
-    def point(last: str) -> float:
-        return from_bytes(sha256(prefix + last.encode()).digest()[:8], "big") / 2**64
-
-    return point
-
-
 def unit_points(parts: tuple[str, ...], values: list[bytes]) -> Any:
     """``unit_hash(*parts, value)`` of each of ``values`` (UTF-8 bytes), as a numpy float64 array: for passes over
-    every image that read columns."""
+    every image."""
     import numpy as np
 
     prefix = "\0".join((*parts, "")).encode()
@@ -74,17 +47,26 @@ def unit_points(parts: tuple[str, ...], values: list[bytes]) -> Any:
     return np.frombuffer(first, dtype=">u8").astype(np.float64) / 2**64
 
 
-def split_assigner(salt: str, splits: Mapping[str, float]) -> Callable[[str], str]:
-    """``assign_split`` for images without a group, made once for a pass over every image: the same
-    answers, at a third of the cost per image."""
-    unit = unit_hasher("split", salt)
+def assign_splits(shas: Sequence[str], salt: str, splits: Mapping[str, float],
+                  groups: Sequence[str] | None = None) -> list[str]:
+    """The split rule: the split of each image with content hash ``shas[i]``, or, with a group value
+    ``groups[i]`` (the group column's; ``""`` for none), its group's, which every image of the group shares:
+    the first split whose cumulative fraction is above the salted hash's point in [0, 1)."""
+    import numpy as np
+
+    points = unit_points(("split", salt), [sha.encode() for sha in shas])
+    if groups is not None and any(groups):
+        points = np.where([bool(group) for group in groups],
+                          unit_points(("group", salt), [group.encode() for group in groups]), points)
     names = list(splits)
-    bounds: list[float] = list(itertools.accumulate(splits.values()))
+    bounds = np.array(list(itertools.accumulate(splits.values())))
+    at = np.minimum(np.searchsorted(bounds, points, side="right"), len(names) - 1)  # the top end: float rounding
+    return [names[i] for i in at.tolist()]
 
-    def split_of(sha: str) -> str:
-        return _split_at(unit(sha), names, bounds)
 
-    return split_of
+def assign_split(sha256: str, salt: str, splits: Mapping[str, float], group: str = "") -> str:
+    """``assign_splits`` of one image."""
+    return assign_splits([sha256], salt, splits, [group])[0]
 
 
 class DuplicateResolver:

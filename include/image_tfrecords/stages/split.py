@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import itertools
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,7 @@ from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import REJECTS_FIELDS, record_fields
 from ..rules.near_duplicates import Placement, hash_array, place, unreliable
-from ..rules.splits import DuplicateResolver, content_columns, unit_points
+from ..rules.splits import DuplicateResolver, assign_splits, content_columns
 from ..staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
@@ -166,19 +165,11 @@ def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver:
 def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement,
                published: dict[str, tuple[str, str]]) -> pl.Series:
     """Each image's split: its new near-duplicate group's, else its published one, else the split rule's."""
-    import numpy as np
     import polars as pl
 
-    names = list(cfg.splits)
-    bounds = np.array(list(itertools.accumulate(cfg.splits.values())))
     shas = frame["sha256"].fill_null("").to_list()
-    points = unit_points(("split", cfg.salt), [sha.encode() for sha in shas])
-    if cfg.group_column:  # an image with a group value: its group's point
-        grouped = frame["group_value"].fill_null("").to_list()
-        points = np.where([bool(g) for g in grouped], unit_points(("group", cfg.salt), [g.encode() for g in grouped]),
-                          points)
-    number = np.minimum(np.searchsorted(bounds, points, side="right"), len(names) - 1)
-    rule = [names[i] for i in number.tolist()]  # the first split whose bound is above the point
+    groups = frame["group_value"].fill_null("").to_list() if cfg.group_column else None
+    rule = assign_splits(shas, cfg.salt, cfg.splits, groups)
     for i, sha in enumerate(shas):
         if before := published.get(sha):
             rule[i] = before[0] or rule[i]
