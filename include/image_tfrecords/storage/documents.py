@@ -8,8 +8,8 @@ import itertools
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from . import Storage, is_s3
@@ -29,105 +29,31 @@ def read_rows(storage: Storage, uri: str, errors: str = "strict") -> Iterator[cs
             yield csv.DictReader(f)
 
 
-class ListRows:
-    """A table's ``fieldnames`` and ``reader`` (each row as a list of its values), as ``csv.DictReader``
-    gives them, made for the tables this package writes (``RowWriter``): a row without a quote is split at
-    its commas, and only a row with one is parsed by ``csv``. Several times faster over a wide table."""
-
-    def __init__(self, header: str, texts: Iterator[str]) -> None:
-        self.fieldnames: list[str] = next(csv.reader([header])) if header else []
-        self.reader = self._values(texts)
-
-    @staticmethod
-    def _values(texts: Iterator[str]) -> Iterator[list[str]]:
-        parse = csv.reader
-        for text in texts:
-            yield text.split(",") if '"' not in text else next(parse([text]))
-
-
-@contextmanager
-def list_rows(storage: Storage, uri: str) -> Iterator[ListRows]:
-    """The rows of a table this package wrote, as lists (``ListRows``): for passes over every image."""
-    with raw_rows(storage, uri) as (header, texts):
-        yield ListRows(header, texts)
-
-
-@contextmanager
-def raw_rows(storage: Storage, uri: str) -> Iterator[tuple[str, Iterator[str]]]:
-    """The header line and each row of the CSV table at ``uri`` as its text, without the line end (S3
-    objects are spooled to disk): a row goes on over line ends while its quotes are open. For passes that
-    copy rows on, or extend them, without parsing every field (see ``csv_field``, ``field_end``)."""
-    with ExitStack() as stack:
-        path = uri
-        if is_s3(uri):
-            path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "rows.csv")
-            storage.download(uri, path)
-        f = stack.enter_context(open(path, newline="", encoding="utf-8", errors="surrogateescape"))
-        header = f.readline().lstrip("\ufeff").rstrip("\n")
-
-        yield header, row_texts(f, uri)
-
-
-def row_texts(lines: Iterable[str], name: str) -> Iterator[str]:
-    """Each row's text, without its line end, of CSV ``lines`` (read with ``newline=""``): a row goes on over
-    line ends while its quotes are open. ``name`` says which table ends inside a quoted field."""
-    lines = iter(lines)
-    for line in lines:
-        if '"' in line:
-            while line.count('"') % 2:  # a quoted field goes on: a \r or \n inside it
-                more = next(lines, None)
-                if more is None:
-                    raise ValueError(f"{name} ends inside a quoted field")
-                line += more
-        yield line[:-1] if line[-1:] == "\n" else line
-
-
 def dict_rows(data: bytes, name: str, start: int = 0) -> list[dict[str, str]]:
-    """The rows of a small table this package wrote (``data``, whole), as dicts: ``csv.DictReader``'s
-    answer at a fraction of its cost (see ``ListRows``); from row ``start`` on (the ones before are not parsed)."""
-    lines = io.StringIO(data.decode("utf-8-sig"), newline="")
-    header = lines.readline().rstrip("\n")
-    texts = row_texts(lines, name)
-    for _ in itertools.islice(texts, start):
-        pass
-    rows = ListRows(header, texts)
-    return [dict(zip(rows.fieldnames, values, strict=True)) for values in rows.reader]
+    """The rows of a small table this package wrote (``data``, whole), as dicts, from row ``start`` on. ``name``
+    says which table is cut inside a quoted field or has a row of another count of fields."""
+    reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), strict=True)
+    header = next(reader, [])
+    try:
+        rows = list(itertools.islice(reader, start, None))
+    except csv.Error as exc:
+        raise ValueError(f"{name} is not a table this package wrote: {exc}") from exc
+    if any(len(values) != len(header) for values in rows):
+        raise ValueError(f"{name} has a row of another count of fields than its header's")
+    return [dict(zip(header, values, strict=True)) for values in rows]
 
 
 def first_column(data: bytes, name: str, column: str) -> list[str]:
     """The values of the first column (``column``, checked against the header) of a small table this package
-    wrote, in order, without splitting the rest of each row: for passes that only need its keys."""
-    lines = io.StringIO(data.decode("utf-8-sig"), newline="")
-    header = lines.readline().rstrip("\n")
-    if header.split(",", 1)[0] != column:
+    wrote, in order."""
+    reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), strict=True)
+    header = next(reader, [])
+    if header[:1] != [column]:
         raise ValueError(f"{name} has columns {header!r}, expected {column!r} first")
-    values = []
-    for text in row_texts(lines, name):
-        field = text[:field_end(text)]
-        values.append(next(csv.reader([field]))[0] if field.startswith('"') else field)  # quoted: csv unquotes it
-    return values
-
-
-def csv_field(value: str) -> str:
-    """``value`` as one field of this package's CSV rows (quoted when it must be)."""
-    text = io.StringIO()
-    csv_writer(text).writerow([value])
-    return text.getvalue()[:-1]
-
-
-def field_end(text: str, start: int = 0) -> int:
-    """Where the CSV field that begins at ``start`` of a row's ``text`` ends (the index of the comma after
-    it, or the length of the text)."""
-    if text.startswith('"', start):
-        at = start + 1
-        while True:
-            at = text.index('"', at)
-            if text.startswith('"', at + 1):  # a doubled quote inside the field
-                at += 2
-                continue
-            return at + 1
-    comma = text.find(",", start)
-    return len(text) if comma < 0 else comma
+    try:
+        return [values[0] for values in reader]
+    except csv.Error as exc:
+        raise ValueError(f"{name} is not a table this package wrote: {exc}") from exc
 
 
 class _LineFeed:
@@ -184,12 +110,6 @@ class RowWriter:
     def write_lines(self, text: str, rows: int) -> None:
         """Write ``rows`` rows already formatted as CSV, as one text (each ending in a newline)."""
         self._file.write(text)
-        self.count += rows
-
-    def write_text(self, text: bytes, rows: int) -> None:
-        """Write ``rows`` rows already formatted as CSV, as one UTF-8 text (``storage.row_text``)."""
-        self._file.flush()
-        self._file.buffer.write(text)
         self.count += rows
 
     def close(self) -> None:

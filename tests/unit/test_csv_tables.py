@@ -1,0 +1,93 @@
+"""This package's CSV tables: what its writers write, ``storage.documents``' small-table readers and
+``storage.tables`` (polars) read and write, is what ``csv`` itself reads and writes, for any value."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from image_tfrecords.errors import BuildError
+from image_tfrecords.storage import Storage
+from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column
+from image_tfrecords.storage.tables import read_table, table_text
+
+ODD_ROWS: list[list[Any]] = [
+    ["plain", "row", "3"],
+    ["a,comma", "b", "c"],
+    ['a "quote"', "b", ""],
+    ["line\nfeed", "cr\ronly", "crlf\r\nboth"],
+    ["", "", ""],
+    [" spaces ", "\t", "\x1f"],
+    ["caf\u00e9", "\u2028", "\x00"],
+    [1, 2.5, True],
+    [None, "none", 0],
+    ['"', ",", '""'],
+]
+
+
+def test_row_writer_writes_what_csv_writer_writes(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.csv")
+    with RowWriter(Storage(), uri, ["x", "y", "z"]) as writer:
+        for values in ODD_ROWS:
+            writer.write_values(values)
+    expected = io.StringIO()
+    reference = csv_writer(expected)
+    reference.writerow(["x", "y", "z"])
+    reference.writerows(ODD_ROWS)
+    assert Path(uri).read_bytes() == expected.getvalue().encode()
+    assert writer.count == len(ODD_ROWS)
+
+
+def test_a_one_column_row_of_nothing_stays_a_row(tmp_path: Path) -> None:
+    uri = str(tmp_path / "one.csv")
+    with RowWriter(Storage(), uri, ["only"]) as writer:
+        writer.write_values([""])
+        writer.write_values(["x"])
+    assert dict_rows(Path(uri).read_bytes(), "one.csv") == [{"only": ""}, {"only": "x"}]
+
+
+def test_a_table_cut_inside_quotes_or_ragged_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"cut\.csv is not a table"):
+        dict_rows(b'x,y\n1,"open\nnever closed\n', "cut.csv")
+    with pytest.raises(ValueError, match=r"cut\.csv is not a table"):
+        first_column(b'x,y\n"open\nnever closed\n', "cut.csv", "x")
+    with pytest.raises(ValueError, match="another count of fields"):
+        dict_rows(b"x,y\n1,2,3\n", "ragged.csv")
+    with pytest.raises(BuildError, match=r"ragged\.csv is not a table"):
+        read_table(Storage(), "ragged.csv", b"x,y\n1,2,3\n")
+    with pytest.raises(BuildError, match=r"empty\.csv is empty"):
+        read_table(Storage(), "empty.csv", b"")
+
+
+def test_tables_read_what_csv_reads_and_write_it_back_byte_for_byte(tmp_path: Path) -> None:
+    """Every column read as text, an empty field as null, and written back as this package's writers write it:
+    the same bytes, whatever the values hold (comma, quote, LF, CR, CRLF, U+2028, NUL, spaces)."""
+    uri = tmp_path / "t.csv"
+    with RowWriter(Storage(), str(uri), ["x", "y", "z"]) as writer:
+        for values in ODD_ROWS:
+            writer.write_values(values)
+    data = uri.read_bytes()
+    table = read_table(Storage(), str(uri))
+    expected = list(csv.reader(io.StringIO(data.decode(), newline="")))
+    assert [table.columns, *([value or "" for value in row] for row in table.iter_rows())] == expected
+    assert table_text(table) == data
+
+
+def test_first_column_and_rows_from_a_start_read_what_csv_reads(tmp_path: Path) -> None:
+    """A members table's names (``first_column``) and its rows from the kept ones on (``dict_rows(start=)``), for
+    names that need quotes: the same values ``csv.DictReader`` gives."""
+    uri = str(tmp_path / "t.csv")
+    with RowWriter(Storage(), uri, ["filename", "y", "z"]) as writer:
+        for values in ODD_ROWS:
+            writer.write_values(values)
+    data = Path(uri).read_bytes()
+    expected = list(csv.DictReader(io.StringIO(data.decode(), newline="")))
+    assert first_column(data, "t.csv", "filename") == [row["filename"] for row in expected]
+    for start in (0, 3, len(ODD_ROWS) - 1, len(ODD_ROWS), len(ODD_ROWS) + 2):
+        assert dict_rows(data, "t.csv", start) == expected[start:]
+    with pytest.raises(ValueError, match="expected 'name' first"):
+        first_column(data, "t.csv", "name")
