@@ -32,7 +32,6 @@ RECORDS = "records.csv"  # labels.csv's rows before plan gives each its shard
 SPLIT_SUMMARY, PLAN = "split.json", "plan.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each
 CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
-CARD_ROWS = "card-rows.bin"  # the plan's: which labels.csv rows it kept of the base (card.row_columns); not published
 GATE_REPORT = "gate.json"  # the publish gate's verdict and every check (rules.publish_gate); not published
 IMAGE_FIELDS = ("label", *INSPECTION_FIELDS)  # images.csv: an inspected.csv row of an image, with its label
 

@@ -20,6 +20,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from image_tfrecords.card import render as card_render
+from image_tfrecords.card.label_table import rows_table, scan_table
 from image_tfrecords.card.sections import PreviousVersion, build_card
 from image_tfrecords.card.stats import SCAN_FILE, LabelScan
 from image_tfrecords.records.schema import LABELS_FIELDS, feature_spec
@@ -221,7 +222,7 @@ def test_the_saved_scan_stands_for_a_rescan_of_the_same_labels() -> None:
     saved = render(old_manifest, old_rows, images)[SCAN_FILE]
     scan = LabelScan.load(saved, "a" * 64)
     assert scan is not None and LabelScan.load(saved, "b" * 64) is None and LabelScan.load(b"junk", "a" * 64) is None
-    assert scan.records == LabelScan.of(iter(old_rows), None, hashes=True).records
+    assert scan.records == scan_table(rows_table(old_rows)).records
     manifest = make_manifest(rows, CLASSES)
     rescanned = render(manifest, rows, images, previous=PreviousVersion(old_manifest, lambda: iter(old_rows)))
     reused = render(manifest, rows, images, previous=PreviousVersion(old_manifest, lambda: iter(old_rows), scan))
@@ -568,6 +569,41 @@ def test_a_card_made_beside_the_writing_is_the_card_made_after_it(two_builds: tu
     for name in files:  # the same but for where each was published (the card's "Load this version" names it)
         assert (beside / name).read_bytes().replace(str(tmp_path / "out").encode(), b"DEST") == \
             (after / name).read_bytes().replace(str(dataset.parent).encode(), b"DEST"), name
+
+
+def test_the_cards_pass_over_a_staged_night_reads_labels_csv_and_keeps_no_copy_of_it(tmp_path: Path) -> None:
+    """The card's pass over a staged night's labels.csv (real quality cells, flags, a previous version to diff, read
+    by polars) learns what it learns of the same rows read by Python's csv module; it needs no private file: the
+    previous version published no copy of its labels.csv's columns, the plan staged nothing for the card."""
+    import json
+
+    from image_tfrecords import stages
+    from image_tfrecords.card.sections import scan_labels
+    from image_tfrecords.config import BuildConfig
+    from image_tfrecords.stages import card as card_stage
+    from image_tfrecords.storage import Storage
+    from tests.pipeline.test_incremental import Images, add, night_source
+    from tests.unit.test_card_table import facts_key
+
+    storage = Storage()
+    source, dest = night_source(tmp_path)
+    add(source, Images(tmp_path / "more", seed=2000), "triangles", "extra", 3)
+    cfg = BuildConfig(source=source.uri, destination=str(dest), dataset="d", version="v2", shard_size_mb=0.02)
+    by_name = {stage.name: stage for stage in stages.PIPELINE}
+    for name in ("discover", "inspect", "split", "plan"):
+        by_name[name].run(cfg, storage, **({"workers": 1} if by_name[name].per_image else {}))
+    facts = card_stage.card_facts(cfg, storage)
+    assert facts.diff is not None
+    assert (facts.diff.added, facts.diff.removed, facts.diff.changed) == (12, 2, 1)
+    assert facts.old is not None and facts.quality.classes and facts.picker.by_class
+    base, root = dest / "d" / "v1", Path(cfg.staging_uri)
+    classes = len(json.loads((root / "split.json").read_text())["classes"])
+    near = csv_rows(root / "near_duplicates.csv") if (root / "near_duplicates.csv").exists() else None
+    by_rows = scan_labels(None, classes, csv_rows(root / "labels.csv"), csv_rows(root / "rejects.csv"),
+                          PreviousVersion(read_manifest(base), csv_rows(base / "labels.csv")), near)
+    assert facts_key(facts) == facts_key(by_rows)
+    assert not [p for p in root.rglob("*") if p.is_file() and p.name.startswith("card")]  # nothing staged for it
+    assert not (base / "card" / "label-rows.bin").exists() and (base / "card" / "labels-scan.bin").exists()
 
 
 def test_card_of_a_real_build(two_builds: tuple[Path, Path], sample_dir: Path) -> None:

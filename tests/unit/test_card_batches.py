@@ -1,14 +1,12 @@
-"""The card's pass over labels.csv takes rows in batches (``LabelScan.of``): what it learns does not depend on
-the batches, and a pass made before the manifest exists (``scan_labels``, which the command line runs beside
-the shards' writing) is used only for the manifest it assumed."""
+"""What the sample picker keeps does not depend on the batches it is offered or the order of the rows (the card's
+pass offers it only each class's few smallest rows: ``card.label_table``), and a pass made before the manifest
+exists (``scan_labels``, which the command line runs beside the shards' writing) is used only for the manifest it
+assumed. tests/unit/test_card_table.py checks the pass itself against the rows one by one."""
 
 from __future__ import annotations
 
 import random
 
-import pytest
-
-from image_tfrecords.card.quality import QualityScan
 from image_tfrecords.card.sections import build_card, scan_labels
 from image_tfrecords.card.stats import LabelScan, SamplePicker
 from image_tfrecords.images.quality import FLAGS
@@ -35,25 +33,6 @@ def _rows(count: int, seed: int = 5) -> tuple[list[Row], list[list[tuple[int, st
         rows.append(row)
         classes.append([(cid, f"c{cid}")])
     return rows, classes
-
-
-@pytest.mark.parametrize("size", [1, 7, 4096])
-def test_quality_in_batches_is_quality_row_by_row(size: int) -> None:
-    rows, classes = _rows(500)
-    one_by_one, batched = QualityScan(max_classes=5), QualityScan(max_classes=5)
-    for row, these in zip(rows, classes, strict=True):
-        one_by_one.offer(row, these)
-    for start in range(0, len(rows), size):
-        batched.offer_batch(rows[start:start + size], classes[start:start + size])
-    assert batched.unmeasured == one_by_one.unmeasured > 0
-    assert batched.flags == one_by_one.flags and sum(batched.flags.values()) > 0
-    assert sorted(batched.classes) == sorted(one_by_one.classes) == [0, 1, 2]  # 7 is past max_classes
-    for cid, (name, stats) in one_by_one.classes.items():
-        other = batched.classes[cid][1]
-        assert (batched.classes[cid][0], other.records, other.flags) == (name, stats.records, stats.flags)
-        assert other.sums == pytest.approx(stats.sums, rel=1e-12)
-    assert {flag: sorted(heap, key=lambda item: item[:2]) for flag, heap in batched.worst.items()} == \
-        {flag: sorted(heap, key=lambda item: item[:2]) for flag, heap in one_by_one.worst.items()}
 
 
 def test_samples_do_not_depend_on_the_batches_or_the_order_of_rows() -> None:

@@ -1,8 +1,8 @@
 """The card's image-quality section: per-class means of the quality signals, flag shares, classes
 that differ from the rest (a shortcut a model will learn), and thumbnails of the worst images.
 
-Fed labels.csv rows a batch at a time during the card's one pass (``LabelScan.of``); memory is bounded by
-the number of classes shown plus ``WORST`` rows per flag."""
+Fed labels.csv's columns during the card's one pass (``label_table.scan_table``); memory is bounded by the number
+of classes shown plus ``WORST`` rows per flag."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..images.quality import FLAGS, SIGNALS, parse_flags
+from ..images.quality import FLAGS, SIGNALS
 from ..published import counts
 from .render import Block, Cell, Heading, Para, Table
 
@@ -20,15 +20,6 @@ WORST = 4  # thumbnails shown per flag
 MIN_RECORDS = 10  # a class with fewer measured records is not compared with the others
 # A class is called skewed when it differs from all the other classes together by more than this
 SKEW = {"brightness": 30.0, "colourfulness": 25.0, "pixels": 2.0, "flag_share": 0.25}
-# how bad a flagged image is, for choosing the worst (smaller is worse)
-_BADNESS: dict[str, Callable[[dict[str, float]], float]] = {
-    "dark": lambda s: s["brightness"], "bright": lambda s: -s["brightness"], "flat": lambda s: s["contrast"],
-    "blurry": lambda s: s["sharpness"], "grey_as_colour": lambda s: s["colourfulness"],
-    "tiny": lambda s: min(s["width"], s["height"]),
-    "odd_aspect": lambda s: -max(s["width"], s["height"]) / max(1.0, min(s["width"], s["height"])),
-}
-
-
 _SUMMED = (*SIGNALS, "pixels")  # what ClassQuality.sums holds, in this order
 _COLUMNS = (*SIGNALS, "width", "height")  # the labels.csv columns the scan parses
 
@@ -54,102 +45,6 @@ class QualityScan:
     unmeasured: int = 0
     flags: Counter[str] = field(default_factory=Counter)
     worst: dict[str, list[tuple[float, str, dict[str, str]]]] = field(default_factory=dict)  # max-heaps
-
-    def offer(self, row: dict[str, str], classes: list[tuple[int, str]]) -> None:
-        """Count one record (a multi-label record counts for each of its classes). Called once a record:
-        plain float sums, no per-row dictionaries."""
-        try:
-            values = [float(row["brightness"]), float(row["contrast"]), float(row["sharpness"]),
-                      float(row["colourfulness"])]
-            width, height = float(row["width"]), float(row["height"])
-        except (KeyError, ValueError):  # a version from before 0.7.0, or an image that was not measured
-            self.unmeasured += 1
-            return
-        values.append(width * height)
-        cell = row.get("quality")
-        flags = parse_flags(cell) if cell else []
-        if flags:
-            self.flags.update(flags)
-        for cid, name in classes:
-            if cid >= self.max_classes:
-                continue
-            entry = self.classes.get(cid)
-            if entry is None:
-                entry = self.classes[cid] = (name, ClassQuality())
-            stats = entry[1]
-            stats.records += 1
-            stats.sums = [a + b for a, b in zip(stats.sums, values, strict=True)]
-            if flags:
-                stats.flags.update(flags)
-        for flag in flags:
-            signals = {**dict(zip(SIGNALS, values, strict=False)), "width": width, "height": height}
-            self.offer_worst(flag, -_BADNESS[flag](signals), row)  # a heap of badness's negation
-
-    def offer_batch(self, rows: list[dict[str, str]], classes: list[list[tuple[int, str]]]) -> None:
-        """``offer`` each of ``rows`` with its ``classes``, column by column: the signals parsed by numpy and summed
-        per class with ``bincount``; only flagged rows are looked at one by one."""
-        import numpy as np
-
-        try:  # an empty or absent cell (an image not measured, a version from before 0.7.0) is NaN here
-            table = np.array([[row.get(name) or "nan" for name in _COLUMNS] for row in rows], dtype=np.float64)
-        except ValueError:  # not numbers: row by row, as ``offer`` takes them
-            for row, row_classes in zip(rows, classes, strict=True):
-                self.offer(row, row_classes)
-            return
-        measured = ~np.isnan(table).any(axis=1)
-        if not measured.all():
-            self.unmeasured += int((~measured).sum())
-            keep = np.flatnonzero(measured).tolist()
-            rows, classes, table = [rows[i] for i in keep], [classes[i] for i in keep], table[measured]
-        if not rows:
-            return
-        places: list[int] = []  # a row's place, once for each of its classes below max_classes
-        ids: list[int] = []
-        for place, row_classes in enumerate(classes):
-            for cid, name in row_classes:
-                if cid < self.max_classes:
-                    places.append(place)
-                    ids.append(cid)
-                    if cid not in self.classes:
-                        self.classes[cid] = (name, ClassQuality())
-        values = self.add_measured(table, np.array(places, dtype=np.int64), np.array(ids, dtype=np.int64))
-        for place, row in enumerate(rows):
-            cell = row.get("quality")
-            if cell:
-                self.offer_flags(row, classes[place], values[place], table[place])
-
-    def add_measured(self, table: Any, places: Any, ids: Any) -> Any:
-        """Add measured rows to their classes' sums: ``table`` holds their ``_COLUMNS`` (one row each), ``places``
-        and ``ids`` each (row, class id below ``max_classes``) pair, whose entry in ``classes`` exists. Returns the
-        rows' ``_SUMMED`` values. The same sums in the same order whoever calls it (rows or columns)."""
-        import numpy as np
-
-        values = np.concatenate([table[:, :4], table[:, 4:5] * table[:, 5:6]], axis=1)  # _SUMMED's order
-        if len(ids):
-            unique, inverse = np.unique(ids, return_inverse=True)
-            taken = values[places]
-            counts = np.bincount(inverse, minlength=len(unique))
-            sums = [np.bincount(inverse, weights=taken[:, j], minlength=len(unique)) for j in range(len(_SUMMED))]
-            for k, cid in enumerate(unique.tolist()):
-                stats = self.classes[cid][1]
-                stats.records += int(counts[k])
-                stats.sums = [a + float(column[k]) for a, column in zip(stats.sums, sums, strict=True)]
-        return values
-
-    def offer_flags(self, row: dict[str, str], classes: list[tuple[int, str]], values: Any, measures: Any) -> None:
-        """Count the flags of a measured row whose ``quality`` cell is not empty (``values``: its ``_SUMMED``,
-        ``measures``: its ``_COLUMNS``), and offer it to the worst of each."""
-        flags = parse_flags(row["quality"])
-        if not flags:
-            return
-        self.flags.update(flags)
-        for cid, _ in classes:
-            if cid < self.max_classes:
-                self.classes[cid][1].flags.update(flags)
-        signals = {**dict(zip(_SUMMED[:4], values[:4].tolist(), strict=True)),
-                   "width": float(measures[4]), "height": float(measures[5])}
-        for flag in flags:
-            self.offer_worst(flag, -_BADNESS[flag](signals), row)
 
     def offer_worst(self, flag: str, key: float, row: dict[str, str]) -> None:
         """Offer a row with ``flag`` to that flag's ``WORST`` (``key``: the negated badness; larger is worse)."""
@@ -187,6 +82,19 @@ class QualityScan:
             if said:
                 out.append(f"{cid} {name}: " + "; ".join(said))
         return out
+
+
+def badness(flag: str, values: Any, measures: Any) -> Any:
+    """How bad each of some rows with ``flag`` is, for choosing the worst (smaller is worse): ``values`` holds their
+    ``_SUMMED``, ``measures`` their ``_COLUMNS`` (a row each)."""
+    import numpy as np
+
+    width, height = measures[:, 4], measures[:, 5]
+    signal = {"dark": values[:, 0], "bright": -values[:, 0], "flat": values[:, 1], "blurry": values[:, 2],
+              "grey_as_colour": values[:, 3], "tiny": np.minimum(width, height)}
+    if flag in signal:
+        return signal[flag]
+    return -np.maximum(width, height) / np.maximum(1.0, np.minimum(width, height))  # odd_aspect
 
 
 def measured_text(measured: int, records: int, pngs_measured: bool) -> str:

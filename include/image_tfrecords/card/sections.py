@@ -1,7 +1,7 @@
 """The dataset card: ``card.md`` and a self-contained ``card.html`` (plus PNGs) describing one version.
 
-``build_card`` is pure: it reads the manifest, streams labels.csv / rejects.csv rows (never holding all
-of them: counters per class and split, a few smallest rows, and 8-byte hashes for the diff) and returns
+``build_card`` is pure: it reads the manifest, labels.csv as a polars table (``label_table``: counters per class and
+split, a few smallest rows, and 8-byte hashes for the diff come from its columns) and rejects.csv's rows, and returns
 ``{relative path: bytes}``. The same inputs always give the same bytes.
 
 A multi-label manifest (``"multi_label": true``) has rows whose ``label`` / ``label_id`` join several
@@ -11,8 +11,6 @@ records per number of classes and the pairs of classes found together most often
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
 import statistics
 from collections import Counter
@@ -25,15 +23,12 @@ from ..images.transform import ImageOptions
 from ..published import counts
 from ..published.manifest import Manifest, as_manifest
 from ..records.schema import ordered_splits
-from ..storage.csv_blocks import Quoted
 from . import plot, render
 from .gate_verdict import pending_blocks
-from .label_columns import scan_columns
 from .load_snippets import load_blocks
 from .near_duplicates import NearDuplicateView, near_duplicate_blocks
 from .quality import QualityScan, quality_blocks
 from .render import Block, Cell, Heading, Img, Para, Table, render_html, render_md
-from .row_columns import ROWS_FILE, Changes, RowColumns
 from .stats import (
     EXAMPLES,
     PAIR_CLASSES,
@@ -66,12 +61,11 @@ def separator_of(manifest: Manifest) -> str | None:
 
 @dataclass(frozen=True)
 class PreviousVersion:
-    """The previous published version: its manifest and a fresh iterator over its labels.csv rows."""
+    """The previous published version: its manifest and its labels.csv (``label_table.label_table`` reads it)."""
 
     manifest: Manifest | dict[str, Any]
     labels: Callable[[], Iterable[dict[str, str]]]
     scan: LabelScan | None = None  # its labels.csv's scan, as its card saved it (None: scan labels again)
-    columns: RowColumns | None = None  # its labels.csv's columns, as its card saved them (row_columns)
 
 
 # -- the card ------------------------------------------------------------------------------------------
@@ -471,47 +465,37 @@ class LabelFacts:
     rejects: tuple[Counter[str], list[tuple[str, str, str]]]
     old: LabelScan | None = None  # the previous version's scan (None: no previous version)
     diff: Diff | None = None
-    columns: RowColumns | None = None  # the rows' columns, where read so (kept by the card for the next version)
-    parsed: int | None = None  # rows parsed from their text for the columns (None: not read as columns)
 
 
 def scan_labels(separator: str | None, classes: int, labels: Callable[[], Iterable[dict[str, str]]],
                 rejects: Callable[[], Iterable[dict[str, str]]], previous: PreviousVersion | None,
-                near_rows: Callable[[], Iterable[dict[str, str]]] | None = None,
-                changes: Changes | None = None) -> LabelFacts:
-    """The card's pass over the rows (the costly part of a card: the command line runs it beside the writing of
-    the shards, before the manifest exists) for a version with ``classes`` classes and ``separator``. ``changes``:
-    which rows a night kept of the previous version (``row_columns.Changes``), whose columns are then taken from
-    the ones the previous card saved instead of parsed again (read as columns only)."""
+                near_rows: Callable[[], Iterable[dict[str, str]]] | None = None) -> LabelFacts:
+    """The card's pass over labels.csv (the costly part of a card: the command line runs it beside the writing of
+    the shards, before the manifest exists) for a version with ``classes`` classes and ``separator``: one pass
+    over its columns (``label_table.scan_table``), whatever its file names hold."""
+    from .label_table import file_names, label_table, names_at, scan_table
+
     old_manifest = as_manifest(previous.manifest) if previous is not None else None
     old_separator = separator_of(old_manifest) if old_manifest is not None else None
     relabels = separator is not None or old_separator is not None  # multi-label: compare label sets too
-    few = classes <= PAIR_CLASSES
     near = NearDuplicateView.of(near_rows() if near_rows is not None else [])
-    as_columns = hasattr(labels, "columns") and hasattr(labels, "lines")  # a table that can be read as columns
-    scan = columns = None
-    parsed: int | None = None
-    if as_columns and not relabels:
-        picker, quality = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES), QualityScan(SAMPLE_CLASSES)
-        shown = copy.deepcopy(near)
-        with contextlib.suppress(Quoted, ValueError):  # not as columns: the rows, with fresh watchers
-            scan, columns = scan_columns(labels, picker, quality, shown, changes)  # type: ignore[arg-type]
-            near = shown
-            parsed = columns.count if changes is None or changes.taken is None else columns.count - changes.taken
-    if scan is None:
-        picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
-        quality = QualityScan(SAMPLE_CLASSES)
-        scan = LabelScan.of(labels(), picker, hashes=True, separator=separator,
-                            pairs=separator is not None and few, labelsets=relabels, watchers=(quality, near))
-    if separator is not None and not few:  # a second pass, counting pairs among the most frequent classes
-        scan.count_pairs(labels(), separator, PAIR_CLASSES)
+    picker = SamplePicker(SAMPLE_CLASSES, 2 * SAMPLES)  # spares for images that cannot be fetched
+    quality = QualityScan(SAMPLE_CLASSES)
+    table = label_table(labels)
+    scan = scan_table(table, separator, picker, quality, near, pairs=separator is not None,
+                      pair_limit=None if classes <= PAIR_CLASSES else PAIR_CLASSES, labelsets=relabels)
     facts = LabelFacts(separator, classes, old_manifest.version if old_manifest is not None else None, scan,
-                       picker, quality, near, scan_rejects(rejects()), columns=columns, parsed=parsed)
+                       picker, quality, near, scan_rejects(rejects()))
     if previous is not None and old_manifest is not None:
-        old = previous.scan
+        old, old_table = previous.scan, None
         if old is None or (relabels and not old.hashed_labelsets):
-            old = LabelScan.of(previous.labels(), None, hashes=True, separator=old_separator, labelsets=relabels)
-        facts.old, facts.diff = old, diff_versions(scan, labels, old, previous.labels)
+            old_table = label_table(previous.labels)
+            old = scan_table(old_table, old_separator, labelsets=relabels)
+
+        def old_names(numbers: list[int]) -> list[str]:  # (the previous labels.csv is read only if it must be)
+            return names_at(old_table if old_table is not None else file_names(previous.labels))(numbers)
+
+        facts.old, facts.diff = old, diff_versions(scan, names_at(table), old, old_names)
     return facts
 
 
@@ -557,6 +541,5 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     blocks: list[Block] = [Heading(title, 1), *card.blocks]
     return {"card.md": render_md(blocks).encode(), "card.html": render_html(blocks, title, card.pngs).encode(),
             **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256),
-            **({ROWS_FILE: facts.columns.dump(labels_sha256)} if facts.columns is not None else {}),
             STRIPS_FILE: json.dumps({"image": manifest.raw.get("image"), "strips": card.strip_keys},
                                     sort_keys=True, separators=(",", ":")).encode()}

@@ -1,6 +1,6 @@
-"""The dataset card's statistics, gathered in one streaming pass over labels.csv and rejects.csv:
-counts per class and split, the sample records (smallest SHA-256 per class), examples, and the
-diff against the previous version from 8-byte hashes per image.
+"""The dataset card's statistics, gathered in one pass over labels.csv's columns (``label_table.scan_table``) and
+one over rejects.csv: counts per class and split, the sample records (smallest SHA-256 per class), examples, and
+the diff against the previous version from 8-byte hashes per image.
 
 Multi-label datasets (labels.csv's ``label`` holds several class names joined by the separator, and
 ``label_id`` their ids in the same order) count a record once for each of its classes, and also
@@ -10,34 +10,18 @@ count records per number of classes and per pair of classes (bounded: pairs amon
 from __future__ import annotations
 
 import bisect
-import hashlib
 import heapq
-import itertools
 import json
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..storage.csv_blocks import within
-
-Rows = Callable[[], Iterable[dict[str, str]]]
+NamesAt = Callable[[list[int]], list[str]]  # row numbers (ascending) -> the file names of those rows, in that order
 SAMPLES = 6
 EXAMPLES, REJECT_EXAMPLES = 10, 20
 PAIR_CLASSES = 1000  # pairs of classes are counted among at most this many classes (<= 499,500 pairs)
-SCAN_BATCH = 4096  # rows the card's pass handles together (column by column, bounded memory)
-
-
-def row_classes(row: dict[str, str], separator: str | None) -> list[tuple[int, str]]:
-    """A labels.csv row's classes as (id, name), by id. ``separator`` None: single-label (one class, whatever
-    its name holds); otherwise ``label`` and ``label_id`` are split on it (an empty cell: no class)."""
-    if separator is None:
-        return [(int(row["label_id"]), row["label"])]
-    names = row["label"].split(separator) if row["label"] else []
-    ids = row["label_id"].split(separator) if row["label_id"] else []
-    if len(ids) != len(names):
-        raise ValueError(f"labels.csv row {row.get('filename')!r}: {len(names)} labels but {len(ids)} label ids")
-    return sorted(dict(zip(map(int, ids), names, strict=True)).items())
+SCAN_BATCH = 4096  # rows whose quality signals the card's pass sums together (the order of its float sums)
 
 
 class Smallest:
@@ -92,28 +76,6 @@ def _first(item: tuple[Any, Any]) -> Any:
     return item[0]
 
 
-def _batches(rows: Iterable[dict[str, str]], size: int) -> Iterator[list[dict[str, str]]]:
-    iterator = iter(rows)
-    while batch := list(itertools.islice(iterator, size)):
-        yield batch
-
-
-def _hash8(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-
-
-def _labelset_hash(filename: str, classes: list[tuple[int, str]]) -> bytes:
-    return _hash8(filename + "\0" + "\0".join(sorted(name for _, name in classes)))
-
-
-def _pairs(counter: Counter[tuple[int, int]], classes: list[tuple[int, str]], keep: Container[int] | None) -> None:
-    """Count each pair (a, b), a < b, of a record's class ids (both in ``keep``, when given)."""
-    ids = [cid for cid, _ in classes if keep is None or cid in keep]
-    for i, a in enumerate(ids):
-        for b in ids[i + 1:]:
-            counter[a, b] += 1
-
-
 SCAN_FILE = "card/labels-scan.bin"  # a version's LabelScan, so that the next version's card need not scan again
 STRIPS_FILE = "card/strips.json"  # each thumbnail strip's candidates, so that the next card can take it over
 _SCAN_FORMAT = 1
@@ -136,45 +98,6 @@ class LabelScan:
     contents: bytearray = field(default_factory=bytearray)  # 8-byte hash of each (filename, sha256)
     labelsets: bytearray = field(default_factory=bytearray)  # 8-byte hash of each (filename, class names)
     hashed_labelsets: bool = False
-
-    @classmethod
-    def of(cls, rows: Iterable[dict[str, str]], picker: SamplePicker | None, hashes: bool,
-           separator: str | None = None, pairs: bool = False, labelsets: bool = False,
-           watchers: Iterable[Any] = ()) -> LabelScan:
-        """``separator``: multi-label rows (None: single-label); ``pairs``: count pairs of classes (multi-label);
-        ``labelsets``: with ``hashes``, also hash each record's classes (to find relabelled images);
-        ``watchers``: objects offered the rows and their classes in the same pass, a batch of ``SCAN_BATCH`` rows at
-        a time (``offer_batch(rows, classes)``: the quality and near-duplicate sections)."""
-        watchers = list(watchers)
-        scan = cls(hashed_labelsets=hashes and labelsets)
-        for batch in _batches(rows, SCAN_BATCH):
-            classes = [row_classes(row, separator) for row in batch]
-            splits = [row["split"] for row in batch]
-            scan.records.update(splits)
-            if separator is None:  # one class a row: counted by Counter's C loop
-                firsts = [these[0] for these in classes]
-                scan.counts.update(zip([name for _, name in firsts], splits, strict=True))
-                for cid, name in dict.fromkeys(firsts):
-                    scan.ids.setdefault(name, cid)
-            else:
-                for these, split in zip(classes, splits, strict=True):
-                    for cid, name in these:
-                        scan.counts[name, split] += 1
-                        scan.ids.setdefault(name, cid)
-                    scan.sizes[len(these), split] += 1
-                    if pairs:
-                        _pairs(scan.pairs, these, None)
-            if picker is not None:
-                picker.offer_batch(batch, classes)
-            for watcher in watchers:
-                watcher.offer_batch(batch, classes)
-            if hashes:
-                scan.names += b"".join([_hash8(row["filename"]) for row in batch])
-                scan.contents += b"".join([_hash8(row["filename"] + "\0" + row["sha256"]) for row in batch])
-                if labelsets:
-                    scan.labelsets += b"".join([_labelset_hash(row["filename"], these)
-                                                for row, these in zip(batch, classes, strict=True)])
-        return scan
 
     def dump(self, labels_sha256: str) -> bytes:
         """This scan (of the labels.csv whose SHA-256 is ``labels_sha256``) as bytes: a JSON line, then the
@@ -215,18 +138,18 @@ class LabelScan:
             out[name] += n
         return out
 
-    def count_pairs(self, rows: Iterable[dict[str, str]], separator: str, limit: int = PAIR_CLASSES) -> None:
-        """Count the pairs of classes among the ``limit`` classes with the most records (ties: smaller id),
-        in a second pass over the rows: the memory stays bounded by ``limit`` squared whatever the classes."""
+    def pair_classes(self, limit: int | None) -> set[int] | None:
+        """The class ids whose pairs are counted: those of the ``limit`` classes with the most records (ties: smaller
+        id) where there are more (``pairs_among`` then says so); None: all (``limit`` None: no limit). Memory stays
+        bounded by ``limit`` squared whatever the classes."""
+        if limit is None:
+            return None
         totals = self.class_totals()
         ranked = sorted(totals, key=lambda name: (-totals[name], self.ids[name], name))
         if len(ranked) <= limit:
-            keep: set[int] | None = None
-        else:
-            keep, self.pairs_among = {self.ids[name] for name in ranked[:limit]}, limit
-        self.pairs = Counter()
-        for row in rows:
-            _pairs(self.pairs, row_classes(row, separator), keep)
+            return None
+        self.pairs_among = limit
+        return {self.ids[name] for name in ranked[:limit]}
 
     def rarest_left_out(self) -> int:
         """With pairs counted among some classes only: the most records a pair with another class can have."""
@@ -240,50 +163,27 @@ class LabelScan:
         return [(a, b, n) for (a, b), n in heapq.nsmallest(k, self.pairs.items(), key=lambda x: (-x[1], x[0]))]
 
 
-def _examples(lookup: Callable[[list[int]], Iterable[str]], hashes: Any, targets: dict[str, Any],
-              k: int = EXAMPLES) -> dict[str, list[str]]:
-    """For each target (sorted array of filename hashes), the ``k`` smallest matching file names. ``hashes``:
-    the filename hash of each row of a table, in order (a scan's ``names``); ``lookup(numbers)``: the file
-    names of its rows ``numbers`` (ascending), in that order (``names_at``), so only the rows that match are
-    looked at."""
+def _examples(lookup: NamesAt, hashes: Any, targets: dict[str, Any], k: int = EXAMPLES) -> dict[str, list[str]]:
+    """For each target (array of filename hashes), the ``k`` smallest matching file names. ``hashes``: the filename
+    hash of each row of a table, in order (a scan's ``names``); ``lookup``: the file names of some of its rows
+    (``label_table.names_at``), asked only for the rows that match (not at all where none does)."""
     import numpy as np
 
-    found: dict[str, list[str]] = {name: [] for name in targets}
-    wanted = {name: set(np.flatnonzero(within(hashes, target)).tolist()) for name, target in targets.items()
-              if len(target)}
-    every = sorted(set().union(*wanted.values())) if wanted else []
-    for number, filename in zip(every, lookup(every), strict=False):
-        for name, numbers in wanted.items():
-            if number in numbers:
-                found[name].append(filename)
-                if len(found[name]) > 64 * k:  # bounded: keep the smallest
-                    found[name] = heapq.nsmallest(k, found[name])
-    return {name: heapq.nsmallest(k, names) for name, names in found.items()}
+    wanted = {name: np.flatnonzero(within(hashes, target)) for name, target in targets.items()}
+    every = np.unique(np.concatenate([*wanted.values(), np.zeros(0, dtype=np.int64)]))
+    if not len(every):
+        return {name: [] for name in targets}
+    names = np.array(lookup(every.tolist()), dtype=object)
+    return {name: heapq.nsmallest(k, names[np.searchsorted(every, numbers)].tolist())
+            for name, numbers in wanted.items()}
 
 
-def names_at(rows: Rows) -> Callable[[list[int]], Iterable[str]]:
-    """``numbers`` (row numbers, ascending) -> the file names of those rows of ``rows``, in that order: the rows'
-    own ``names_at`` where they have one (a table read as columns), else a pass over their names (``_names_of``)
-    that stops at the last number wanted."""
-    own = getattr(rows, "names_at", None)
-    if own is not None:
-        return own
+def within(values: Any, others: Any) -> Any:
+    """Whether each of ``values`` is one of ``others`` (numpy arrays of the diff's 64-bit hashes), by a hash set
+    (polars): several times faster than ``numpy.isin``."""
+    import polars as pl
 
-    return lambda numbers: names_in(_names_of(rows)(), numbers)
-
-
-def names_in(rows: Iterable[dict[str, str]], numbers: list[int]) -> Iterator[str]:
-    """The file names of ``rows``' rows ``numbers`` (ascending), in that order; stops at the last one."""
-    wanted = iter(numbers)
-    target = next(wanted, -1)
-    if target < 0:
-        return
-    for number, row in enumerate(rows):
-        if number == target:
-            yield row["filename"]
-            target = next(wanted, -1)
-            if target < 0:
-                return
+    return pl.Series(values).is_in(pl.Series(others).implode()).to_numpy()
 
 
 @dataclass
@@ -295,13 +195,9 @@ class Diff:
     relabelled: int | None = None  # same filename, other classes (None: not compared)
 
 
-def _names_of(rows: Rows) -> Rows:
-    """The rows' file names alone, where ``rows`` can give them so (a ``names`` method), else the rows."""
-    return getattr(rows, "names", rows)
-
-
-def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previous_labels: Rows) -> Diff:
-    """Images added, removed and changed (same filename, new sha256), with the smallest example names; when
+def diff_versions(current: LabelScan, names_at: NamesAt, previous: LabelScan, previous_names_at: NamesAt) -> Diff:
+    """Images added, removed and changed (same filename, new sha256), with the smallest example names (``names_at``,
+    ``previous_names_at``: the file names of rows of this version's and the previous version's labels.csv); when
     both scans hashed their label sets, also relabelled (same filename, other classes)."""
     import numpy as np
 
@@ -317,8 +213,8 @@ def diff_versions(current: LabelScan, labels: Rows, previous: LabelScan, previou
         sets, old_sets = (np.frombuffer(b, dtype="<u8") for b in (current.labelsets, previous.labelsets))
         targets["relabelled"] = np.sort(names[known & ~within(sets, old_sets)])
         relabelled = len(targets["relabelled"])
-    examples = _examples(names_at(labels), names, targets)
-    examples |= _examples(names_at(previous_labels), old_names, {"removed": removed})
+    examples = _examples(names_at, names, targets)
+    examples |= _examples(previous_names_at, old_names, {"removed": removed})
     return Diff(len(added), len(removed), len(changed), examples, relabelled)
 
 

@@ -3,82 +3,54 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from ..card.row_columns import ROWS_FILE, Changes, LineReader, RowColumns, line_reader, read_card_rows
-from ..card.stats import names_in
 from ..config import BuildConfig
-from ..errors import DamagedFile
+from ..errors import BuildError, DamagedFile
 from ..images.transform import record_image
 from ..progress import log, summarized
 from ..published import layout
-from ..published.manifest import Manifest, as_manifest
+from ..published.manifest import Manifest
 from ..source import spool
 from ..source.reading import read_source
-from ..staging import CARD, CARD_INDEX, CARD_ROWS, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
+from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
-from ..storage.csv_blocks import Block, Quoted, first_fields, table_blocks
-from ..storage.documents import field_end, list_rows, raw_rows, read_json, write_json
+from ..storage.documents import read_json, write_json
+from ..storage.tables import read_table
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from ..card.sections import LabelFacts
 
 
 class _Rows:
-    """A callable giving a fresh iterator over the CSV rows at ``uri`` each time (dicts made from plain
-    lists: cheaper than DictReader's rows, and the card reads every row more than once); ``names()`` gives
-    each row's file name alone (``{"filename": ...}``: the diff's examples need no more, and it is cut from
-    each row's text without splitting the rest); ``columns()`` and ``names_at()`` read it as columns, for the card's
-    pass over every row (``card.label_columns``) and the diff's examples; ``lines()`` reads rows by where their
-    lines are (while it is open, ``columns()`` reads the same local copy: an S3 table is downloaded once)."""
+    """A table in the store (labels.csv, rejects.csv, near_duplicates.csv): ``table()`` reads it with polars, every
+    column text (``storage.tables.read_table``: one code path for every file name, however odd), for the card's pass
+    over labels.csv (``card.label_table``); called, it gives a fresh iterator over its rows as dicts (an empty field
+    ""), for the passes over the small tables (rejects, near-duplicates)."""
 
     def __init__(self, storage: Storage, uri: str) -> None:
         self._storage, self._uri = storage, uri
-        self._local: str | None = None  # the copy ``lines()`` holds open
+
+    def table(self) -> pl.DataFrame:
+        return read_table(self._storage, self._uri)
+
+    def names(self) -> pl.DataFrame:
+        """Its ``filename`` column alone (several times faster to read than the table), as ``table()`` reads it."""
+        import polars as pl
+
+        try:
+            return pl.read_csv(self._storage.read_bytes(self._uri), columns=["filename"], infer_schema=False,
+                               quote_char='"', truncate_ragged_lines=False)
+        except (pl.exceptions.PolarsError, UnicodeDecodeError) as exc:
+            raise BuildError(f"{self._uri} is not a table this package wrote: {exc}") from exc
 
     def __call__(self) -> Iterator[dict[str, str]]:
-        with list_rows(self._storage, self._uri) as it:
-            names = it.fieldnames or []
-            for values in it.reader:
-                if values:
-                    yield dict(zip(names, values, strict=False))
-
-    def names(self) -> Iterator[dict[str, str]]:
-        with raw_rows(self._storage, self._uri) as (header, texts):
-            if not header.startswith("filename,"):
-                yield from ({"filename": row.get("filename", "")} for row in self())
-                return
-            for text in texts:
-                if text:
-                    field = text[:field_end(text)]
-                    yield {"filename": next(csv.reader([field]))[0] if field.startswith('"') else field}
-
-    def columns(self) -> AbstractContextManager[tuple[list[str], Iterator[Block]]]:
-        """The table as columns (``csv_blocks.table_blocks``: its header's names and its blocks)."""
-        return table_blocks(self._storage, self._local or self._uri)
-
-    @contextlib.contextmanager
-    def lines(self) -> Iterator[LineReader]:
-        """The table's rows by where their lines are (``row_columns.LineReader``)."""
-        with line_reader(self._storage, self._uri) as reader:
-            self._local = reader.path
-            try:
-                yield reader
-            finally:
-                self._local = None
-
-    def names_at(self, numbers: list[int]) -> Iterator[str]:
-        """The file names of rows ``numbers`` (ascending), in that order: cut from their lines where the table has
-        no quote (``csv_blocks.first_fields``), else a pass over ``names`` that stops at the last number."""
-        try:
-            return iter(first_fields(self._storage, self._uri, numbers))
-        except (Quoted, ValueError):
-            return names_in(self.names(), numbers)
+        return self.table().fill_null("").iter_rows(named=True)
 
 
 def _rows(storage: Storage, uri: str) -> _Rows:
@@ -93,29 +65,9 @@ def card_facts(cfg: BuildConfig, storage: Storage) -> LabelFacts:
 
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
     separator = cfg.label_separator if summary.get("multi_label") else None
-    previous = _previous(cfg, storage, summary["previous_version"], columns=True)
-    facts = scan_labels(separator, len(summary["classes"]), _rows(storage, staged(cfg, LABELS)),
-                        _rows(storage, staged(cfg, REJECTS)), previous, _near_rows(cfg, storage),
-                        _changes(cfg, storage, previous))
-    if facts.parsed is not None:
-        log.info("card: %d of %d rows of labels.csv parsed (the others' columns kept from version %s)",
-                 facts.parsed, facts.columns.count if facts.columns is not None else 0, facts.previous_version)
-    return facts
-
-
-def _changes(cfg: BuildConfig, storage: Storage, previous: Any) -> Changes | None:
-    """The rows the plan kept of the previous version (``CARD_ROWS``) with that version's saved columns, where both
-    are there and of the same labels.csv; else None (every row parsed)."""
-    if previous is None or previous.columns is None:
-        return None
-    try:
-        kept = read_card_rows(storage.read_bytes(staged(cfg, CARD_ROWS)))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return None
-    manifest = as_manifest(previous.manifest)
-    if kept is None or kept[0] != (manifest.version, manifest.labels_sha256):
-        return None
-    return Changes(previous.columns, kept[1], kept[2])
+    previous = _previous(cfg, storage, summary["previous_version"])
+    return scan_labels(separator, len(summary["classes"]), _rows(storage, staged(cfg, LABELS)),
+                       _rows(storage, staged(cfg, REJECTS)), previous, _near_rows(cfg, storage))
 
 
 def _near_rows(cfg: BuildConfig, storage: Storage) -> Callable[[], Iterator[dict[str, str]]] | None:
@@ -125,7 +77,7 @@ def _near_rows(cfg: BuildConfig, storage: Storage) -> Callable[[], Iterator[dict
 @summarized
 def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = None) -> dict[str, Any]:
     """Render the card into staging (``card-files/``, listed in ``card-files.json``); ``facts``: ``card_facts``,
-    when made already (else made here: the DAG's gate task, whose night parses only its new rows too)."""
+    when made already (else made here: the DAG's gate task)."""
     from ..card.sections import build_card
 
     manifest = Manifest.parse(read_json(storage, staged(cfg, MANIFEST)), staged(cfg, MANIFEST))
@@ -179,10 +131,9 @@ def _previous_strips(cfg: BuildConfig, storage: Storage,
     return previous_strip
 
 
-def _previous(cfg: BuildConfig, storage: Storage, version: str | None, columns: bool = False) -> Any:
+def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
     """The previous version for the card's diff; None (a card without one, said in the log) when there is
-    none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build. ``columns``: with
-    the labels.csv columns its card saved (``card/label-rows.bin``), which only the pass over the rows takes."""
+    none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build."""
     from ..card.sections import PreviousVersion
     from ..card.stats import SCAN_FILE, LabelScan
 
@@ -201,10 +152,7 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None, columns: 
         log.warning("the card has no changes since version %s: %s", version,
                     f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)
         return None
-    scan = saved = None  # the scan and columns its card saved, when they are of its labels.csv as it is now
+    scan = None  # the scan its card saved, when it is of its labels.csv as it is now
     with contextlib.suppress(FileNotFoundError):
         scan = LabelScan.load(storage.read_bytes(join(earlier, SCAN_FILE)), labels_sha)
-    if columns:  # (only the card's pass over the rows takes them)
-        with contextlib.suppress(FileNotFoundError):
-            saved = RowColumns.load(storage.read_bytes(join(earlier, ROWS_FILE)), labels_sha)
-    return PreviousVersion(manifest, _rows(storage, labels), scan, saved)
+    return PreviousVersion(manifest, _rows(storage, labels), scan)

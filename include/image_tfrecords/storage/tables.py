@@ -24,7 +24,7 @@ def read_table(storage: Storage, uri: str, data: bytes | None = None) -> pl.Data
 
     if data is None:
         data = storage.read_bytes(uri)
-    if not data.strip():
+    if not data or data.isspace():
         raise BuildError(f"{uri} is empty: a table has a header line at least")
     try:
         return pl.read_csv(data, infer_schema=False, quote_char='"', raise_if_empty=True,
