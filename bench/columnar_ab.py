@@ -4,7 +4,7 @@ on rows made here (1% of them with hostile names: comma, quote, newline, carriag
 2% with an empty field, as an image not measured has), and whether each writes the bytes this package's CSV writer
 writes today. Best of 5, in this process.
 
-    .venv/bin/pip install polars  # not pinned yet: the library issue 52 picks will be
+    (polars is pinned in requirements.in; pyarrow comes with Airflow)
     .venv/bin/python bench/columnar_ab.py [ROWS]   # default 100000
 """
 

@@ -8,6 +8,7 @@ One code path for every file name, however odd. Memory: the whole table (about 3
 
 from __future__ import annotations
 
+import io
 from typing import TYPE_CHECKING
 
 from ..errors import BuildError
@@ -35,7 +36,9 @@ def read_table(storage: Storage, uri: str, data: bytes | None = None) -> pl.Data
 
 def table_text(frame: pl.DataFrame, header: bool = True) -> bytes:
     """``frame`` as this package writes a CSV table: minimal quoting, rows ending in ``\\n``, null written empty."""
-    return frame.write_csv(None, include_header=header, quote_style="necessary", line_terminator="\n").encode()
+    out = io.BytesIO()  # (bytes written straight: no str made and encoded)
+    frame.write_csv(out, include_header=header, quote_style="necessary", line_terminator="\n")
+    return out.getvalue()
 
 
 def write_table(storage: Storage, uri: str, frame: pl.DataFrame) -> None:
