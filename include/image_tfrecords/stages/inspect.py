@@ -123,7 +123,8 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
     if base is not None and not why_not and not storage.exists(join(base.uri, layout.INSPECTED)):
         why_not = f"version {base.version} is damaged: its {layout.INSPECTED} is missing"
         log.warning("%s: every file is read again", why_not)
-    chunks, files, num_bytes, carried = _plan(cfg, storage, None if why_not else base, max_chunks)
+    chunks, files, num_bytes, carried, damaged = _plan(cfg, storage, None if why_not else base, max_chunks)
+    why_not = why_not or damaged
     plan = {"chunks": chunks, "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried,
             "base_version": base.version if base else None, "not_reused_because": why_not}
     write_json(storage, staged(cfg, CHUNKS), plan)
@@ -131,18 +132,25 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
 
 
 def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
-          ) -> tuple[list[dict[str, int]], int, int, int]:
+          ) -> tuple[list[dict[str, int]], int, int, int, str]:
     """Stage the rows taken over from ``base`` (``inspect/carried.csv``: each with its listing number and label) and
-    the files left to read, cut into chunks (``todo`` tables). Returns the chunks, the files and bytes to read and
-    the files carried."""
+    the files left to read, cut into chunks (``todo`` tables). Returns the chunks, the files and bytes to read, the
+    files carried, and why nothing was taken over from a base whose inspected.csv is damaged (a damaged base never
+    stops a build: its files are read again)."""
     import polars as pl
 
     listed = read_table(storage, staged(cfg, DISCOVERED))
     if tuple(listed.columns) != DISCOVERED_FIELDS:
         raise BuildError(f"{staged(cfg, DISCOVERED)} has columns {listed.columns}, expected {DISCOVERED_FIELDS}")
     listed = listed.with_row_index("number").with_columns(pl.col("number").cast(pl.Int64))
-    carried = carried_inspections(storage, base, listed) if base is not None else \
-        pl.DataFrame(schema={name: pl.Int64 if name == "number" else pl.String for name in DONE_FIELDS})
+    carried = pl.DataFrame(schema={name: pl.Int64 if name == "number" else pl.String for name in DONE_FIELDS})
+    damaged = ""
+    if base is not None:
+        try:
+            carried = carried_inspections(storage, base, listed)
+        except BuildError as exc:
+            damaged = f"version {base.version} is damaged: {exc}"
+            log.warning("%s: every file is read again", damaged)
     write_table(storage, staged(cfg, CARRIED), carried)
     unread = listed.join(carried.select("number"), on="number", how="anti").sort("number")
     try:
@@ -160,7 +168,7 @@ def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
     for number, chunk in enumerate(chunks):
         write_table(storage, staged(cfg, _todo(number)), todo.slice(first, chunk["files"]))
         first += chunk["files"]
-    return chunks, len(sizes), sum(sizes), len(carried)
+    return chunks, len(sizes), sum(sizes), len(carried), damaged
 
 
 def chunk_label(cfg: BuildConfig, storage: Storage, chunk: int) -> str:
