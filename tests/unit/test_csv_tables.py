@@ -91,3 +91,35 @@ def test_first_column_and_rows_from_a_start_read_what_csv_reads(tmp_path: Path) 
         assert dict_rows(data, "t.csv", start) == expected[start:]
     with pytest.raises(ValueError, match="expected 'name' first"):
         first_column(data, "t.csv", "name")
+
+
+SIGINT_WAIT = """
+import os, signal, subprocess, sys, threading, time
+class Stop(Exception): pass
+def stop(*_): raise Stop()
+signal.signal(signal.SIGINT, stop)
+from image_tfrecords.storage.tables import polars
+polars()
+import polars as pl  # a later plain import changes nothing more
+pl.DataFrame({"a": list(range(1000))}).sort("a")
+woken = threading.Event()
+threading.Thread(target=lambda: (time.sleep(10), woken.set()), daemon=True).start()
+subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -INT {os.getpid()}"])
+started = time.monotonic()
+try:
+    woken.wait()
+    print("not interrupted")
+except Stop:
+    print(f"interrupted after {time.monotonic() - started:.2f}")
+"""
+
+
+def test_ctrl_c_still_interrupts_a_wait_once_polars_is_imported() -> None:
+    """polars' import installs a SIGINT handler that restarts interrupted system calls: ``tables.polars()`` makes
+    them interruptible again, so a build waiting on its pool stops at Ctrl-C at once, not when the wait ends."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", SIGINT_WAIT], capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("interrupted after "), (result.stdout, result.stderr)
+    assert float(result.stdout.split()[-1]) < 2.0, result.stdout

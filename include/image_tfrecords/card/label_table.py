@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..images.quality import FLAGS, parse_flags
+from ..storage.tables import polars
 from .near_duplicates import NearDuplicateView
 from .quality import _COLUMNS, WORST, ClassQuality, QualityScan, badness
 from .stats import SCAN_BATCH, LabelScan, SamplePicker
@@ -30,7 +31,7 @@ REQUIRED = ("filename", "label", "label_id", "split", "sha256")  # the columns t
 def rows_table(rows: Iterable[dict[str, str]]) -> pl.DataFrame:
     """Rows given as dicts (a caller's that has no file) as the table ``read_table`` makes of a labels.csv: every
     column text, an empty value null."""
-    import polars as pl
+    pl = polars()
 
     rows = list(rows)
     names = list(dict.fromkeys(name for row in rows for name in row)) or list(REQUIRED)
@@ -84,7 +85,7 @@ def scan_table(table: pl.DataFrame, separator: str | None = None, picker: Sample
 def _text(table: pl.DataFrame) -> pl.DataFrame:
     """``table`` with an empty value of the columns the pass compares as "" (as the card's rows always had it; the
     rows it keeps get theirs in ``_dicts``); ``ValueError`` for a missing column."""
-    import polars as pl
+    pl = polars()
 
     if missing := [name for name in REQUIRED if name not in table.columns]:
         raise ValueError(f"labels.csv has no column {', '.join(missing)}")
@@ -100,7 +101,7 @@ def _classes(frame: pl.DataFrame, separator: str | None) -> pl.DataFrame:
     """Each record's classes, one row a (record, class): ``row`` (its row number), ``cid`` and ``name``, by row and
     then id. Single-label: the one class its ``label_id`` and ``label`` give (whatever the name holds); multi-label:
     both cells split on ``separator`` (an empty cell: no class), an id given twice once, under its last name."""
-    import polars as pl
+    pl = polars()
 
     row = pl.int_range(pl.len(), dtype=pl.Int64).alias("row")
     if separator is None:
@@ -140,7 +141,7 @@ def _count(scan: LabelScan, frame: pl.DataFrame, classes: pl.DataFrame, multi: b
     """Records per split, per (class name, split) and (multi-label) per (number of classes, split); each class
     name's id (its first record's)."""
     import numpy as np
-    import polars as pl
+    pl = polars()
 
     scan.records = Counter(dict(_in_order(frame, ["split"])))
     placed = classes.with_columns(split=frame["split"].gather(classes["row"]))
@@ -154,7 +155,7 @@ def _count(scan: LabelScan, frame: pl.DataFrame, classes: pl.DataFrame, multi: b
 
 def _count_pairs(scan: LabelScan, classes: pl.DataFrame, keep: set[int] | None) -> None:
     """Records per pair of class ids (a, b), a < b, found together (both in ``keep``, when given)."""
-    import polars as pl
+    pl = polars()
 
     ids = classes.select("row", "cid")
     if keep is not None:
@@ -172,7 +173,7 @@ def _offer_samples(picker: SamplePicker, frame: pl.DataFrame, classes: pl.DataFr
     """Offer the picker, in row order, the rows that can be among their class's ``keep`` smallest (sha256, filename)
     in the classes it keeps (the ``max_classes`` smallest ids): those whose sha256 is at most the class's ``keep``-th
     smallest (ties included). What it keeps does not depend on which other rows it is offered (``SamplePicker``)."""
-    import polars as pl
+    pl = polars()
 
     if not classes.height:
         return
@@ -190,7 +191,7 @@ def _offer_samples(picker: SamplePicker, frame: pl.DataFrame, classes: pl.DataFr
 def _offer_near(near: NearDuplicateView, frame: pl.DataFrame) -> None:
     """Offer the near-duplicate view the rows of the groups it shows (it keeps nothing else)."""
     import numpy as np
-    import polars as pl
+    pl = polars()
 
     if not near.members:
         return
@@ -202,7 +203,7 @@ def _offer_near(near: NearDuplicateView, frame: pl.DataFrame) -> None:
 def _measures(frame: pl.DataFrame) -> Any:
     """``quality._COLUMNS`` of every row as floats (rows x columns), NaN where a cell is empty or the column absent (a
     version from before 0.7.0): a row with a NaN was not measured. ``ValueError`` for a cell that is not a number."""
-    import polars as pl
+    pl = polars()
 
     nan = float("nan")
     present = [name for name in _COLUMNS if name in frame.columns]
@@ -268,7 +269,7 @@ def _flags(quality: QualityScan, frame: pl.DataFrame, measures: Any, measured: A
     show them (and per class: ``rows``/``cids``, the (record, class) pairs summed), and each flag's worst few rows
     (ties included) offered to its ``WORST``."""
     import numpy as np
-    import polars as pl
+    pl = polars()
 
     if "quality" not in frame.columns:
         return
@@ -322,7 +323,7 @@ def _offer_worst(quality: QualityScan, frame: pl.DataFrame, measures: Any, place
 def _hash(scan: LabelScan, frame: pl.DataFrame, classes: pl.DataFrame | None) -> None:
     """The diff's 8-byte hashes of each row: of its file name, of (file name, sha256) and (``classes`` given) of
     (file name, its class names sorted)."""
-    import polars as pl
+    pl = polars()
 
     scan.names += _hashes(frame, pl.col("filename"))
     scan.contents += _hashes(frame, pl.concat_str("filename", pl.lit("\0"), "sha256"))
@@ -337,7 +338,7 @@ def _hash(scan: LabelScan, frame: pl.DataFrame, classes: pl.DataFrame | None) ->
 def _hashes(frame: pl.DataFrame, texts: pl.Expr) -> bytes:
     """The 8-byte BLAKE2b of each of ``texts`` (an expression over ``frame``'s rows: their UTF-8), one after another.
     Each is a copy of one fresh hash object: a third cheaper than making one from its parameters."""
-    import polars as pl
+    pl = polars()
 
     out: list[bytes] = []
     append, fresh = out.append, hashlib.blake2b(digest_size=8).copy

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..storage.tables import polars
+
 NamesAt = Callable[[list[int]], list[str]]  # row numbers (ascending) -> the file names of those rows, in that order
 SAMPLES = 6
 EXAMPLES, REJECT_EXAMPLES = 10, 20
@@ -181,7 +183,7 @@ def _examples(lookup: NamesAt, hashes: Any, targets: dict[str, Any], k: int = EX
 def within(values: Any, others: Any) -> Any:
     """Whether each of ``values`` is one of ``others`` (numpy arrays of the diff's 64-bit hashes), by a hash set
     (polars): several times faster than ``numpy.isin``."""
-    import polars as pl
+    pl = polars()
 
     return pl.Series(values).is_in(pl.Series(others).implode()).to_numpy()
 

@@ -29,7 +29,7 @@ from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..storage import Storage, join
-from ..storage.tables import read_table
+from ..storage.tables import polars, read_table
 
 if TYPE_CHECKING:
     import polars as pl
@@ -153,7 +153,7 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> p
     size and stamp are unchanged, as ``number``, ``label`` (the listing's) and the base's ``INSPECTION_FIELDS``, in
     listing order. A file without a stamp (nothing proves it unchanged) and a ``RETRIED_REASONS`` reject (its
     inspection said nothing of its content) take nothing over; nor does a base inspected.csv of other columns."""
-    import polars as pl
+    pl = polars()
 
     known = read_table(storage, join(base.uri, layout.INSPECTED))
     key = ["filename", "num_bytes", "stamp"]
@@ -170,7 +170,7 @@ def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple
     was empty then), and ``found``, each record's shard (a number into the list returned with it) and place in
     it, packed in one int (``shard << 32 | place + 1``; place 0: the base's labels.csv does not give it). Equal
     fields mean byte-identical records (under the same image options)."""
-    import polars as pl
+    pl = polars()
 
     table = read_table(storage, join(base.uri, layout.LABELS))
     table = table.with_columns(shard=pl.col("shard").fill_null("") if "shard" in table.columns else pl.lit(""))

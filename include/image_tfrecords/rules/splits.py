@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..storage import Storage
-from ..storage.tables import read_table
+from ..storage.tables import polars, read_table
 
 if TYPE_CHECKING:
     import polars as pl
@@ -147,7 +147,7 @@ class DuplicateResolver:
 def hex_prefixes(sha256: pl.Series) -> pl.Series:
     """The first 64 bits of each SHA-256 hexdigest of ``sha256`` (its first 16 hex digits, as
     ``int(value[:16], 16)`` reads them) as UInt64; null where a value is not hex digits (empty or damaged)."""
-    import polars as pl
+    pl = polars()
 
     return sha256.str.slice(0, 16).str.to_integer(base=16, dtype=pl.UInt64, strict=False)
 
@@ -159,7 +159,7 @@ def content_columns(storage: Storage, uri: str, header: str,
     of first appearance), and the numbers. One path for every table ``storage.tables.read_table`` reads (a damaged
     one: ``BuildError``); None, for the caller to read it row by row, where its header is not ``header`` or a
     sha256 is not hex digits."""
-    import polars as pl
+    pl = polars()
 
     table = read_table(storage, uri)
     if ",".join(table.columns) != header:

@@ -19,7 +19,7 @@ from ..source.reading import read_source
 from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json, write_json
-from ..storage.tables import read_table
+from ..storage.tables import polars, read_table
 
 if TYPE_CHECKING:
     import polars as pl
@@ -41,7 +41,7 @@ class _Rows:
 
     def names(self) -> pl.DataFrame:
         """Its ``filename`` column alone (several times faster to read than the table), as ``table()`` reads it."""
-        import polars as pl
+        pl = polars()
 
         try:
             return pl.read_csv(self._storage.read_bytes(self._uri), columns=["filename"], infer_schema=False,

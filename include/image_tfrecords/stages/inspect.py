@@ -62,7 +62,7 @@ from ..staging import (
 )
 from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, read_rows, write_json
-from ..storage.tables import read_table, write_table
+from ..storage.tables import polars, read_table, write_table
 
 CHUNKS = "inspect/chunks.json"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
@@ -137,7 +137,7 @@ def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
     the files left to read, cut into chunks (``todo`` tables). Returns the chunks, the files and bytes to read, the
     files carried, and why nothing was taken over from a base whose inspected.csv is damaged (a damaged base never
     stops a build: its files are read again)."""
-    import polars as pl
+    pl = polars()
 
     listed = read_table(storage, staged(cfg, DISCOVERED))
     if tuple(listed.columns) != DISCOVERED_FIELDS:
@@ -262,7 +262,7 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         raise BuildError(f"inspection chunk(s) {', '.join(str(c + 1) for c in missing[:10])} of "
                          f"{len(plan['chunks'])} were not inspected")
 
-    import polars as pl
+    pl = polars()
 
     rows = pl.concat([read_table(storage, staged(cfg, name)) for name in
                       (CARRIED, *(_done(chunk) for chunk in range(len(plan["chunks"]))))])

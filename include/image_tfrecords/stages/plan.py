@@ -43,7 +43,7 @@ from ..rules.splits import unit_points
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
 from ..storage.documents import csv_writer, read_json, write_json
-from ..storage.tables import read_table, table_text
+from ..storage.tables import polars, read_table, table_text
 
 if TYPE_CHECKING:
     import polars as pl
@@ -119,7 +119,7 @@ def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tupl
     the base holds it unchanged (``known``: ``base_records``: its packed shard and place; -1 for none, and
     everywhere without a base): a join on every record field."""
     import numpy as np
-    import polars as pl
+    pl = polars()
 
     uri = staged(cfg, RECORDS)
     table = read_table(storage, uri)
@@ -231,7 +231,7 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: 
     (``members/{shard}.csv``: its rows in record order: by order key, then row number; a rewritten
     shard's kept records in the base shard's order, then its appended ones)."""
     import numpy as np
-    import polars as pl
+    pl = polars()
 
     files = layout.all_files
     count = len(keys)

@@ -33,7 +33,7 @@ from ..staging import (
 )
 from ..storage import Storage, join
 from ..storage.documents import read_json, read_rows, write_json
-from ..storage.tables import read_table, write_table
+from ..storage.tables import polars, read_table, write_table
 
 if TYPE_CHECKING:
     import polars as pl
@@ -52,7 +52,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv), and
     so is the group column's value (``groups.csv``), which keys the split of an image that has one.
     """
-    import polars as pl
+    pl = polars()
 
     inspected = staged(cfg, IMAGES)
     images = read_table(storage, inspected)
@@ -121,7 +121,7 @@ def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver:
     it too big. Its split: its near-duplicate group's, else the previous version's, else the split rule's (of its
     group column value ``groups``, else of its content hash). A multi-label record's ``label_id`` is its class
     ids joined by the separator."""
-    import polars as pl
+    pl = polars()
 
     opts, sep, fields = cfg.image_options, cfg.label_separator, record_fields(cfg)
     frame = images.drop("reason", "detail").with_row_index("number").with_columns(pl.col("label").fill_null(""),
@@ -165,7 +165,7 @@ def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver:
 def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement,
                published: dict[str, tuple[str, str]]) -> pl.Series:
     """Each image's split: its new near-duplicate group's, else its published one, else the split rule's."""
-    import polars as pl
+    pl = polars()
 
     shas = frame["sha256"].fill_null("").to_list()
     groups = frame["group_value"].fill_null("").to_list() if cfg.group_column else None
@@ -180,7 +180,7 @@ def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement,
 
 def _groups_of(frame: pl.DataFrame, placement: Placement, published: dict[str, tuple[str, str]]) -> pl.Series:
     """Each image's near-duplicate group key: its new group's, else its published one's; null for none."""
-    import polars as pl
+    pl = polars()
 
     keys: list[str | None] = [None] * frame.height
     if published:
@@ -195,7 +195,7 @@ def _groups_of(frame: pl.DataFrame, placement: Placement, published: dict[str, t
 def _planned(cfg: BuildConfig, frame: pl.DataFrame) -> pl.DataFrame:
     """The records' facts under non-default image options (``transform.planned_facts``), and the reject
     ``too_many_pixels`` of one the options would make too big."""
-    import polars as pl
+    pl = polars()
 
     facts = ("width", "height", "channels", "format", "transform", "encoded_sha256", "encoded_bytes")
     rows = frame.select("reason", "format", "width", "height", "channels", "transform", "encoded_sha256",
@@ -234,7 +234,7 @@ def _split_sizes(cfg: BuildConfig, records: pl.DataFrame) -> dict[str, dict[str,
 def _metadata(cfg: BuildConfig, storage: Storage) -> pl.DataFrame:
     """The declared labels.csv columns of each discovered file (metadata.csv, named as ``cfg.columns``), and
     ``__listed`` to tell a file it lists."""
-    import polars as pl
+    pl = polars()
 
     table = read_table(storage, staged(cfg, METADATA))
     return table.rename(dict(zip(table.columns[1:], cfg.columns, strict=True))).with_columns(__listed=pl.lit(True))
@@ -248,7 +248,7 @@ def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) ->
     new), and with a group column too (an image whose group value was edited stays where it is). A previous
     version that lost those files gives what is left (a damaged base is rebuilt in full anyway).
     Memory: about 200 bytes per record read."""
-    import polars as pl
+    pl = polars()
 
     params = manifest.params if manifest is not None else {}
     if manifest is None or (params.get("splits"), params.get("salt"), params.get("group_column", "")) != \
@@ -300,7 +300,7 @@ def _near_duplicates(cfg: BuildConfig, images: pl.DataFrame, resolver: Duplicate
 def _group_values(cfg: BuildConfig, storage: Storage, images: pl.DataFrame) -> pl.Series:
     """Each image's group column value (groups.csv, which discovery wrote; null for none), in images.csv's order;
     all null without a group column."""
-    import polars as pl
+    pl = polars()
 
     if not cfg.group_column:
         return pl.Series("group_value", [None] * images.height, dtype=pl.String)

@@ -37,7 +37,7 @@ from ..staging import (
 )
 from ..storage import Storage
 from ..storage.documents import read_json, read_rows, write_json
-from ..storage.tables import read_table
+from ..storage.tables import polars, read_table
 
 
 def _check_no_content_in_two_splits(cfg: BuildConfig, storage: Storage, contents: dict[str, Any]) -> None:
@@ -116,7 +116,7 @@ def _label_columns(cfg: BuildConfig, storage: Storage) -> tuple[Counter[str], Co
     64-bit SHA-256 prefixes (a numpy uint64 array, in the table's order). One pass over the table as polars
     columns, whatever its names hold. A damaged table: ``BuildError`` (``read_table``), ``KeyError`` for a missing
     column, ``ValueError`` for a sha256 that is not hex digits."""
-    import polars as pl
+    pl = polars()
 
     uri = staged(cfg, LABELS)
     table = read_table(storage, uri)

@@ -8,7 +8,10 @@ One code path for every file name, however odd. Memory: the whole table (about 3
 
 from __future__ import annotations
 
+import functools
 import io
+import signal
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..errors import BuildError
@@ -18,10 +21,23 @@ if TYPE_CHECKING:
     import polars as pl
 
 
+@functools.cache
+def polars() -> ModuleType:
+    """The polars module, for the functions that use it (imported on first use: never by the DAG file).
+
+    Importing polars 2.1 installs its own SIGINT handler with ``SA_RESTART``: a process waiting in a lock (the
+    command line waiting on its pool's shards) would then see Ctrl-C only when the wait ends, seconds later. Its
+    handler is kept (it hands the signal on to Python's), but made to interrupt system calls again."""
+    import polars as pl
+
+    signal.siginterrupt(signal.SIGINT, True)
+    return pl
+
+
 def read_table(storage: Storage, uri: str, data: bytes | None = None) -> pl.DataFrame:
     """The table at ``uri`` (or its bytes ``data``, read already), every column text; a damaged table (a row
     of another count of fields, text that is not UTF-8, no header) is a ``BuildError`` naming it."""
-    import polars as pl
+    pl = polars()
 
     if data is None:
         data = storage.read_bytes(uri)
