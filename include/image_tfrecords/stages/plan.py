@@ -70,7 +70,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     """Plan the shards (full or incremental, see the module), stage members and labels.csv, and group
     the shards to write into at most ``max_tasks`` write tasks.
 
-    Memory: about 40 bytes per record (order keys, sizes, splits, shards), besides one shard's rows.
+    Memory: records.csv and the base's labels.csv whole (polars, about 300 bytes a row), and 40 bytes a record.
     """
     import numpy as np
 
