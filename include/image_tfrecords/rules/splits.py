@@ -152,16 +152,16 @@ def hex_prefixes(sha256: pl.Series) -> pl.Series:
     return sha256.str.slice(0, 16).str.to_integer(base=16, dtype=pl.UInt64, strict=False)
 
 
-def content_columns(storage: Storage, uri: str, header: str,
-                    col: dict[str, int]) -> tuple[Any, Any, dict[str, int]] | None:
+def content_columns(storage: Storage, uri: str, header: str, col: dict[str, int],
+                    table: pl.DataFrame | None = None) -> tuple[Any, Any, dict[str, int]] | None:
     """``DuplicateResolver``'s first pass over images.csv (``uri``, columns ``col``, its header ``header``) as
     polars columns: each row's first 64 bits of SHA-256 (uint64) and its label's number (int64, numbered in order
     of first appearance), and the numbers. One path for every table ``storage.tables.read_table`` reads (a damaged
     one: ``BuildError``); None, for the caller to read it row by row, where its header is not ``header`` or a
-    sha256 is not hex digits."""
+    sha256 is not hex digits. ``table``: images.csv read already (by the caller), not read again."""
     pl = polars()
 
-    table = read_table(storage, uri)
+    table = read_table(storage, uri) if table is None else table
     if ",".join(table.columns) != header:
         return None
     prefixes = hex_prefixes(table.to_series(col["sha256"]))

@@ -61,7 +61,7 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     col = {name: i for i, name in enumerate(images.columns)}
     header = ",".join(col)
     resolver = DuplicateResolver(lambda: images.select("filename", "label", "sha256").fill_null("").iter_rows(),
-                                 content_columns(storage, inspected, header, col))
+                                 content_columns(storage, inspected, header, col, images))
     found = read_json(storage, staged(cfg, DISCOVER_SUMMARY))
     multi, sep = bool(found.get("multi_label")), cfg.label_separator
     previous = found["previous_version"]
