@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..config import BuildConfig
-from ..errors import BuildError, DamagedFile
+from ..errors import DamagedFile
 from ..images.transform import record_image
 from ..progress import log, summarized
 from ..published import layout
@@ -19,7 +19,7 @@ from ..source.reading import read_source
 from ..staging import CARD, CARD_INDEX, LABELS, MANIFEST, NEAR_DUPLICATES, REJECTS, SPLIT_SUMMARY, staged
 from ..storage import Storage, join
 from ..storage.documents import read_json, write_json
-from ..storage.tables import polars, read_table
+from ..storage.tables import read_table
 
 if TYPE_CHECKING:
     import polars as pl
@@ -41,13 +41,7 @@ class _Rows:
 
     def names(self) -> pl.DataFrame:
         """Its ``filename`` column alone (several times faster to read than the table), as ``table()`` reads it."""
-        pl = polars()
-
-        try:
-            return pl.read_csv(self._storage.read_bytes(self._uri), columns=["filename"], infer_schema=False,
-                               quote_char='"', truncate_ragged_lines=False)
-        except (pl.exceptions.PolarsError, UnicodeDecodeError) as exc:
-            raise BuildError(f"{self._uri} is not a table this package wrote: {exc}") from exc
+        return read_table(self._storage, self._uri, columns=["filename"])
 
     def __call__(self) -> Iterator[dict[str, str]]:
         return self.table().fill_null("").iter_rows(named=True)
