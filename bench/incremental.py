@@ -513,8 +513,9 @@ def render_incremental(runs: dict[int, dict[str, Any]]) -> list[str]:
         row("this machine: SHA-256 GB per CPU-second / kernel copy GB per CPU-second (GB/s, 2 threads); CPU-seconds "
             "to hash the bases read and the kept bytes and to copy them at those rates, over the builds' cores",
             lambda r: _write_floor(r) if "write_rates" in r else "not measured"),
-        row("incremental night by stage: discover / inspect / split / plan",
-            lambda r: " / ".join(per_row(r, s) for s in ("discover", "inspect", "split", "plan"))),
+        row("incremental night by stage: discover / inspect (its passes over the listing) / read (the files "
+            "inspection reads and decodes) / split / plan",
+            lambda r: " / ".join(per_row(r, s) for s in ("discover", "inspect", "read", "split", "plan"))),
         row("incremental night by stage: reuse / write / validate / card / publish",
             lambda r: " / ".join(per_row(r, s) for s in ("reuse", "write", "validate", "card", "publish"))),
         row("MB written: incremental (shards + other)", lambda r: written(r["incremental"])),

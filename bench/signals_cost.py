@@ -67,9 +67,10 @@ def signals_cost(images: int, work: Path, synthetic: bool, rounds: int) -> dict[
         stages = stage_seconds(run.stdout)
         with open(dest / "nightly" / version / "labels.csv", newline="") as f:
             measured = sum(1 for row in csv.DictReader(f) if row.get("brightness"))  # records with signals
-        runs[variant][kind].append({"seconds": run.seconds, "cpu_seconds": cpu, "inspect": stages.get("inspect", 0.0),
+        inspect = stages.get("inspect", 0.0) + stages.get("read", 0.0)  # the stage whole: its passes and its reading
+        runs[variant][kind].append({"seconds": run.seconds, "cpu_seconds": cpu, "inspect": inspect,
                                     "card": stages.get("card", 0.0), "measured": measured})
-        print(f"  {kind} {variant}: {run.seconds:.2f} s ({cpu:.2f} s CPU), inspect {stages.get('inspect', 0):.2f} s, "
+        print(f"  {kind} {variant}: {run.seconds:.2f} s ({cpu:.2f} s CPU), inspect {inspect:.2f} s, "
               f"card {stages.get('card', 0):.2f} s", flush=True)
 
     # the night's source: the corpus once mutated; each variant's base is built from the corpus itself

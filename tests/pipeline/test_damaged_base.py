@@ -234,7 +234,8 @@ def test_a_damaged_manifest_never_stops_a_full_build(tmp_path: Path, capsys: pyt
 
 # -- 3, 4. a base that lost its labels.csv, inspected.csv or a shard --------------------------------------
 @pytest.mark.parametrize("lost", ["labels.csv", "inspected.csv", "a rewritten shard", "a reused shard's index",
-                                  "an edited labels.csv", "a ragged inspected.csv"])
+                                  "an edited labels.csv", "a ragged inspected.csv",
+                                  "an inspected.csv listing a file twice"])
 def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tuple[Storage, str, str | None],  # noqa: F811
                                                            tmp_path: Path) -> None:
     """Incremental builds on a base that lost a file fall back (to a full build, or to reading every file
@@ -257,6 +258,9 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
     elif lost == "a ragged inspected.csv":  # a row with a field too many: not a table this package wrote
         text = storage.read_text(join(v1, "inspected.csv"))
         storage.write_bytes(join(v1, "inspected.csv"), (text + "x.jpg,1,2,extra" + ",x" * 20 + "\n").encode())
+    elif lost == "an inspected.csv listing a file twice":  # its last row again: which one would hold?
+        lines = storage.read_text(join(v1, "inspected.csv")).splitlines(keepends=True)
+        storage.write_bytes(join(v1, "inspected.csv"), "".join([*lines, lines[-1]]).encode())
     elif lost == "a rewritten shard":
         storage.delete(join(v1, labels[victim]["shard"]))
     else:
@@ -274,6 +278,12 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
         assert v2.build["inspections_reused"] == 0 and v2.build["files_inspected"] == len(source.files())
         assert v2.build["inspections_not_reused_because"].startswith("version v1 is damaged: ")
         assert "inspected.csv is not a table this package wrote" in v2.build["inspections_not_reused_because"]
+    elif lost == "an inspected.csv listing a file twice":
+        assert v2.build["mode"] == "incremental"
+        assert v2.build["inspections_reused"] == 0 and v2.build["files_inspected"] == len(source.files())
+        assert v2.build["inspections_not_reused_because"].startswith("version v1 is damaged: ")
+        assert "inspected.csv lists " in v2.build["inspections_not_reused_because"]
+        assert v2.build["inspections_not_reused_because"].endswith(" twice")
     elif lost == "an edited labels.csv":
         assert v2.build["full_because"] == "version v1 is damaged: its labels.csv is not the one it published"
     else:

@@ -13,7 +13,7 @@ import pytest
 from image_tfrecords.errors import BuildError
 from image_tfrecords.storage import Storage
 from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column
-from image_tfrecords.storage.tables import read_table, table_text
+from image_tfrecords.storage.tables import read_table, table_rows, table_text
 
 ODD_ROWS: list[list[Any]] = [
     ["plain", "row", "3"],
@@ -75,6 +75,24 @@ def test_tables_read_what_csv_reads_and_write_it_back_byte_for_byte(tmp_path: Pa
     expected = list(csv.reader(io.StringIO(data.decode(), newline="")))
     assert [table.columns, *([value or "" for value in row] for row in table.iter_rows())] == expected
     assert table_text(table) == data
+
+
+@pytest.mark.parametrize("rows", [ODD_ROWS, ODD_ROWS[:1] + ODD_ROWS[4:6], []], ids=["line breaks", "none", "empty"])
+def test_a_table_cut_at_its_row_ends_gives_each_row(rows: list[list[Any]]) -> None:
+    """``table_rows``: the rows as ``table_text`` writes them, and where each begins and ends: every slice is that
+    row alone, as ``csv`` reads it, however many lines its quoted fields span (plan cuts the members this way)."""
+    from image_tfrecords.storage.tables import polars
+
+    pl = polars()
+    frame = pl.DataFrame([["" if v is None else str(v) for v in row] for row in rows] or None,
+                         schema=dict.fromkeys("xyz", pl.String), orient="row")
+    text, begins, ends = table_rows(frame)
+    assert text == table_text(frame, header=False)
+    assert len(begins) == len(ends) == len(rows)
+    assert begins.tolist() == [0, *ends[:-1].tolist()][:len(rows)] and (not rows or ends[-1] == len(text))
+    for i, row in enumerate(frame.iter_rows()):
+        cut = text[int(begins[i]):int(ends[i])].decode()
+        assert list(csv.reader(io.StringIO(cut, newline=""))) == [[value or "" for value in row]], cut
 
 
 def test_first_column_and_rows_from_a_start_read_what_csv_reads(tmp_path: Path) -> None:

@@ -225,6 +225,26 @@ def planned_bytes(encoded_bytes: str, fmt: str, width: str, height: str, channel
     return max(1, int(raw * 0.6))
 
 
+def planned_sizes(records: Any, jpeg_quality: int, uri: str) -> Any:
+    """``planned_bytes`` of each record of ``records`` (a polars frame of records.csv's rows, read from ``uri``)
+    as a numpy int64 array: the stored size where it is known, else planned from the image's facts."""
+    import numpy as np
+
+    from ..errors import BuildError
+    from ..storage.tables import polars
+
+    pl = polars()
+    try:
+        sizes = records["encoded_bytes"].cast(pl.Int64).to_numpy().astype(np.int64, copy=True)
+    except pl.exceptions.InvalidOperationError as exc:
+        raise BuildError(f"{uri}: an encoded_bytes that is not a number ({exc})") from exc
+    for i in np.flatnonzero(records["encoded_bytes"].is_null().to_numpy()).tolist():  # made by the writer
+        row = records.row(i, named=True)  # (image options): the size planned from the image's facts
+        sizes[i] = planned_bytes("", *(row[name] or "" for name in ("format", "width", "height", "channels")),
+                                 jpeg_quality)
+    return sizes
+
+
 def _eight_bit(image: Any) -> Any:
     """An 8-bit image in one of L, LA, RGB, RGBA (16-bit: the high byte; palettes expanded)."""
     from PIL import Image

@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from ..config import BuildConfig, measures_png
+from ..errors import BuildError
 from ..images.transform import FILTER, ImageOptions
 from ..options import OPTIONS, default
 from ..published import layout
@@ -152,16 +153,21 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> p
     """The base's inspections of the files listed (``listed``: discovered.csv with each row's ``number``) whose name,
     size and stamp are unchanged, as ``number``, ``label`` (the listing's) and the base's ``INSPECTION_FIELDS``, in
     listing order. A file without a stamp (nothing proves it unchanged) and a ``RETRIED_REASONS`` reject (its
-    inspection said nothing of its content) take nothing over; nor does a base inspected.csv of other columns."""
+    inspection said nothing of its content) take nothing over; nor does a base inspected.csv of other columns. A
+    base inspected.csv that lists a file twice is damaged (``BuildError``)."""
     pl = polars()
 
-    known = read_table(storage, join(base.uri, layout.INSPECTED))
+    uri = join(base.uri, layout.INSPECTED)
+    known = read_table(storage, uri)
     key = ["filename", "num_bytes", "stamp"]
     if tuple(known.columns) != INSPECTION_FIELDS:  # not this release's columns: read nothing of it
         known = pl.DataFrame(schema=dict.fromkeys(INSPECTION_FIELDS, pl.String))
-    known = known.filter(~pl.col("reason").is_in(RETRIED_REASONS).fill_null(False)).unique(key, keep="last")
-    return listed.filter(pl.col("stamp").is_not_null()).select("number", "label", *key) \
-        .join(known, on=key, how="inner").sort("number").select("number", "label", *INSPECTION_FIELDS)
+    known = known.filter(~pl.col("reason").is_in(RETRIED_REASONS).fill_null(False))
+    carried = listed.filter(pl.col("stamp").is_not_null()).select("number", "label", *key) \
+        .join(known, on=key, how="inner", maintain_order="left")  # (the listing is in number order)
+    if (twice := carried.filter(pl.col("number").is_duplicated())).height:
+        raise BuildError(f"{uri} lists {twice['filename'][0]!r} twice")
+    return carried.select("number", "label", *INSPECTION_FIELDS)
 
 
 def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple[pl.DataFrame, list[str]]:

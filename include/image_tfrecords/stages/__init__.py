@@ -166,8 +166,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
     made durable together, by the publish (``Storage.defer_sync``). When the publish
     gate trips (and ``cfg.accept_gate`` is off), raises ``GateTripped`` with its report: nothing is published,
     the staging is kept (a rerun of the version with ``accept_gate`` reuses its finished shards). The result
-    (publish's) also gives ``stage_seconds`` and ``gate`` (the verdict). The pool writes the costliest shards
-    first (``costliest_first``).
+    (publish's) also gives ``stage_seconds`` and ``gate`` (the verdict); its ``read`` is the inspection's reading
+    and decoding of files, its ``inspect`` the rest of that stage (the passes over the listing). The pool writes
+    the costliest shards first (``costliest_first``).
     """
     results: dict[str, Any] = {}
     seconds: dict[str, float] = {}
@@ -197,6 +198,9 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             else:
                 results[stage.name] = stage.run(cfg, storage)
             seconds[stage.name] = round(time.perf_counter() - started, 3)
+            if stage.per_image:  # inspection: its passes over the listing, and the reading of files apart
+                seconds["read"] = results[stage.name].pop("read_seconds")
+                seconds[stage.name] = round(seconds[stage.name] - seconds["read"], 3)
             if stage.per_image and pool is not None:  # the pool idles through the metadata stages: a warm-up each
                 for _ in range(workers):
                     pool.submit(warm_up)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import BuildConfig
 from ..errors import BuildError
-from ..images.transform import planned_bytes
+from ..images.transform import planned_sizes
 from ..progress import log, summarized
 from ..records.schema import record_fields, schema_of
 from ..rules import shards as planning
@@ -43,7 +43,7 @@ from ..rules.splits import unit_points
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
 from ..storage.documents import csv_writer, read_json, write_json
-from ..storage.tables import polars, read_table, table_text
+from ..storage.tables import polars, read_table, table_rows
 
 if TYPE_CHECKING:
     import polars as pl
@@ -59,6 +59,7 @@ class Layout:
     shard_of: Any = None  # numpy array: record row number -> index into all_files
     appended: Any = None  # numpy bool array: record row number -> appended to a rewritten shard
     base_position: Any = None  # numpy array: record row number -> its place in the base shard it is kept from, or -1
+    keys: Any = None  # numpy array: record row number -> order key (0 where a base shard's place orders a record)
 
     @property
     def all_files(self) -> list[str]:
@@ -94,7 +95,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
             layout = None
     if layout is None:
         layout = _full(cfg, splits, records)
-    _write_members(cfg, storage, layout, table, records[0])
+    _write_members(cfg, storage, layout, table)
     to_write = [f for f in layout.all_files if f not in layout.reuse]
     tasks = planning.group_tasks(to_write, max_tasks)
     files = layout.all_files
@@ -115,9 +116,9 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
 
 def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
              known: pl.DataFrame | None) -> tuple[pl.DataFrame, tuple[Any, Any, Any], Any]:
-    """The staged records (records.csv), and each one's order key, size and split number (numpy arrays), and where
-    the base holds it unchanged (``known``: ``base_records``: its packed shard and place; -1 for none, and
-    everywhere without a base): a join on every record field."""
+    """The staged records (records.csv), and each one's content hash (a Series), size and split number (numpy
+    arrays), and where the base holds it unchanged (``known``: ``base_records``: its packed shard and place; -1 for
+    none, and everywhere without a base): a join on every record field."""
     import numpy as np
     pl = polars()
 
@@ -125,15 +126,7 @@ def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tupl
     table = read_table(storage, uri)
     if tuple(table.columns) != fields:
         raise BuildError(f"{uri} has columns {table.columns}, expected {fields}")
-    keys = unit_points(("order", cfg.salt), [sha.encode() for sha in table["sha256"].fill_null("")])
-    try:
-        sizes = table["encoded_bytes"].cast(pl.Int64).to_numpy().copy() if len(table) else np.zeros(0, np.int64)
-    except pl.exceptions.InvalidOperationError as exc:
-        raise BuildError(f"{uri}: an encoded_bytes that is not a number ({exc})") from exc
-    for i in np.flatnonzero(table["encoded_bytes"].is_null().to_numpy()).tolist():  # made by the writer
-        row = table.row(i, named=True)  # (image options): the size planned from the image's facts
-        sizes[i] = planned_bytes("", *(row[name] or "" for name in ("format", "width", "height", "channels")),
-                                 cfg.jpeg_quality)
+    sizes = planned_sizes(table, cfg.jpeg_quality, uri)
     split_of = table["split"].replace_strict(splits, list(range(len(splits))), default=-1, return_dtype=pl.Int8)
     if (split_of < 0).any():
         raise BuildError(f"{uri} names a split that is not one of {splits}: {table['split'][split_of.arg_min()]!r}")
@@ -141,15 +134,28 @@ def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tupl
     if known is not None:
         joined = table.select(fields).with_row_index("row").join(known, on=list(fields), how="inner", nulls_equal=True)
         found[joined["row"].to_numpy()] = joined["found"].to_numpy()
-    return table, (keys, sizes, split_of.to_numpy()), found
+    return table, (table["sha256"].fill_null(""), sizes, split_of.to_numpy()), found
+
+
+def _order_keys(cfg: BuildConfig, shas: pl.Series, rows: Any = None) -> Any:
+    """Each record's order key (``shards.order_key`` of its content hash ``shas[i]``) as a numpy array, or those of
+    ``rows`` alone (the others 0: a record kept from a base shard is ordered by its place there)."""
+    import numpy as np
+
+    if rows is None:
+        return unit_points(("order", cfg.salt), [sha.encode() for sha in shas])
+    keys = np.zeros(len(shas), dtype=np.float64)
+    keys[rows] = unit_points(("order", cfg.salt), [sha.encode() for sha in shas.gather(rows)])
+    return keys
 
 
 def _full(cfg: BuildConfig, splits: list[str], records: tuple[Any, Any, Any]) -> Layout:
     """Every split dealt afresh to ``shards.shard_count`` shards."""
     import numpy as np
 
-    keys, sizes, split_of = records
-    layout = _empty_layout(len(keys))
+    shas, sizes, split_of = records
+    layout = _empty_layout(len(shas))
+    layout.keys = keys = _order_keys(cfg, shas)
     for i, split in enumerate(splits):
         rows = np.flatnonzero(split_of == i)
         count = planning.shard_count(int(sizes[rows].sum()), len(rows), cfg.shard_size_mb)
@@ -181,14 +187,15 @@ def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple
     the base holds each record, ``base_records``' packed shard number into ``files`` and place, or -1)."""
     import numpy as np
 
-    keys, sizes, split_of = records
+    shas, sizes, split_of = records
     base_shards = [(split, s) for split, info in base.manifest.splits.items() for s in info.shards]
     index_of = {s.file: i for i, (_, s) in enumerate(base_shards)}
-    layout = _empty_layout(len(keys))
+    layout = _empty_layout(len(shas))
     shard_index = np.array([index_of.get(name, -1) for name in files] + [-1], dtype=np.int64)
     origin = np.where(found >= 0, shard_index[np.where(found >= 0, found >> 32, -1)], -1)  # the base shard, or -1
     in_base = origin >= 0
     layout.base_position[in_base] = (found[in_base] & 0xFFFFFFFF) - 1
+    layout.keys = keys = _order_keys(cfg, shas, np.flatnonzero(layout.base_position < 0))
     kept = np.bincount(origin[in_base], minlength=len(base_shards))
     target = cfg.shard_size_mb * planning.MB
     for i, split in enumerate(splits):
@@ -226,7 +233,7 @@ def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple
     return layout
 
 
-def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: pl.DataFrame, keys: Any) -> None:
+def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: pl.DataFrame) -> None:
     """Stage labels.csv (each record's row, shard and place in it) and each shard's members
     (``members/{shard}.csv``: its rows in record order: by order key, then row number; a rewritten
     shard's kept records in the base shard's order, then its appended ones)."""
@@ -234,8 +241,8 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: 
     pl = polars()
 
     files = layout.all_files
-    count = len(keys)
-    order = np.lexsort((np.arange(count), keys, layout.base_position, layout.appended, layout.shard_of))
+    count = len(layout.keys)
+    order = np.lexsort((np.arange(count), layout.keys, layout.base_position, layout.appended, layout.shard_of))
     in_order = layout.shard_of[order]
     starts = np.searchsorted(in_order, np.arange(len(files) + 1))  # shard -> its first entry in ``order``
     position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard
@@ -244,14 +251,14 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: 
                                   pl.lit(None, dtype=pl.String),
                                   shard_position=pl.Series(position).cast(pl.String))
     header = labels_header(cfg).encode()
-    storage.write_bytes(staged(cfg, LABELS), header + table_text(labels, header=False))
-    in_shards = labels[order]
+    text, begins, ends = table_rows(labels)  # written once: labels.csv, and cut into the shards' members
+    storage.write_bytes(staged(cfg, LABELS), header + text)
     for shard, name in enumerate(files):
-        first, last = int(starts[shard]), int(starts[shard + 1])
-        if first == last:
+        rows = order[starts[shard]:starts[shard + 1]]
+        if not len(rows):
             continue  # an empty split has no shards; a planned shard always has members
-        storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"),
-                            header + table_text(in_shards.slice(first, last - first), header=False))
+        storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"), header + b"".join(
+            [text[begin:end] for begin, end in zip(begins[rows].tolist(), ends[rows].tolist(), strict=True)]))
 
 
 def labels_header(cfg: BuildConfig) -> str:

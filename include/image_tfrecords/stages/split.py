@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import BuildConfig
 from ..errors import BuildError
 from ..images.quality import FLAGS, parse_flags
-from ..images.transform import planned_bytes, planned_facts, too_big
+from ..images.transform import planned_facts, planned_sizes, too_big
 from ..progress import log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
@@ -221,14 +221,15 @@ def _planned(cfg: BuildConfig, frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _split_sizes(cfg: BuildConfig, records: pl.DataFrame) -> dict[str, dict[str, int]]:
-    """Records and planned bytes (``transform.planned_bytes``) of each split, in ``cfg.splits``' order."""
-    out = {name: {"num_records": 0, "num_bytes": 0} for name in cfg.splits}
-    for split, size, fmt, width, height, channels in records.select(
-            "split", "encoded_bytes", "format", "width", "height", "channels").iter_rows():
-        out[split]["num_records"] += 1
-        out[split]["num_bytes"] += planned_bytes(size or "", fmt or "", width or "", height or "", channels or "",
-                                                 cfg.jpeg_quality)
-    return out
+    """Records and planned bytes (``transform.planned_sizes``) of each split, in ``cfg.splits``' order."""
+    pl = polars()
+
+    planned = planned_sizes(records, cfg.jpeg_quality, staged(cfg, RECORDS))
+    sizes = pl.DataFrame({"split": records["split"], "bytes": planned})
+    totals = {split: (count, total) for split, count, total in
+              sizes.group_by("split").agg(pl.len(), pl.col("bytes").sum()).iter_rows()}
+    return {name: {"num_records": int(totals.get(name, (0, 0))[0]), "num_bytes": int(totals.get(name, (0, 0))[1])}
+            for name in cfg.splits}
 
 
 def _metadata(cfg: BuildConfig, storage: Storage) -> pl.DataFrame:

@@ -12,7 +12,7 @@ import functools
 import io
 import signal
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError
 from . import Storage
@@ -57,6 +57,28 @@ def table_text(frame: pl.DataFrame, header: bool = True) -> bytes:
     out = io.BytesIO()  # (bytes written straight: no str made and encoded)
     frame.write_csv(out, include_header=header, quote_style="necessary", line_terminator="\n")
     return out.getvalue()
+
+
+def table_rows(frame: pl.DataFrame) -> tuple[bytes, Any]:
+    """``frame``'s rows as ``table_text`` writes them (no header), and the offset where each row begins and ends in
+    them (numpy arrays): a table written once, to be cut into parts at row ends. A quoted field's line breaks are
+    counted (a name holding ``\\n`` is one row of two lines)."""
+    import numpy as np
+    pl = polars()
+
+    text = table_text(frame, header=False)
+    ends = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == ord("\n")) + 1  # each line's end
+    if len(ends) != frame.height:  # a field holds line breaks: each row ends at its last line's end
+        breaks = frame.select(pl.sum_horizontal(pl.all().cast(pl.String).str.count_matches("\n", literal=True)
+                                                .fill_null(0))).to_series().to_numpy()
+        last_line = np.cumsum(1 + breaks, dtype=np.int64) - 1
+        if len(ends) != frame.height + int(breaks.sum()):
+            raise BuildError(f"a table of {frame.height} rows was written as {len(ends)} lines, "
+                             f"expected {frame.height + int(breaks.sum())}")
+        ends = ends[last_line]
+    begins = np.zeros_like(ends)
+    begins[1:] = ends[:-1]
+    return text, begins, ends
 
 
 def write_table(storage: Storage, uri: str, frame: pl.DataFrame) -> None:
