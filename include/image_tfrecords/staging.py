@@ -26,14 +26,14 @@ GROUPS = "groups.csv"  # the group column's value of each discovered file (with 
 METADATA = "metadata.csv"  # labels.csv's declared columns of each discovered file, in discovered.csv's order
 # inspection: the images (with their labels), the rejects and a summary; and INSPECTED (every file
 # inspected or taken over from the previous version: published as inspected.csv)
-IMAGES, INSPECT_REJECTS, INSPECT_SUMMARY = "images.csv", "rejects-inspect.csv", "inspect.json"
+INSPECT_REJECTS, INSPECT_SUMMARY = "rejects-inspect.csv", "inspect.json"
 CARRIED = "inspect/carried.csv"  # the files whose inspection was taken over from the previous version
 RECORDS = "records.csv"  # labels.csv's rows before plan gives each its shard
 SPLIT_SUMMARY, PLAN = "split.json", "plan.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each
 CARD, CARD_INDEX = "card-files", "card-files.json"  # staged card files (published as card.md, card.html, card/)
 GATE_REPORT = "gate.json"  # the publish gate's verdict and every check (rules.publish_gate); not published
-IMAGE_FIELDS = ("label", *INSPECTION_FIELDS)  # images.csv: an inspected.csv row of an image, with its label
+IMAGE_FIELDS = ("label", *INSPECTION_FIELDS)  # split's images: an inspected.csv row of an image, with its label
 
 
 def staged(cfg: BuildConfig, *parts: str) -> str:

@@ -245,10 +245,10 @@ def test_file_swapped_for_symlink_after_listing_is_not_followed(target: str, sam
     rejects = _read_csv(Path(cfg.staging_uri) / stages.INSPECT_REJECTS)
     assert [(r["filename"], r["reason"]) for r in rejects] == [("circles/circle_001.jpg", "not_a_regular_file")]
     assert "symlink" in rejects[0]["detail"]
-    inspected = _read_csv(Path(cfg.staging_uri) / stages.IMAGES)
+    inspected = [r for r in _read_csv(Path(cfg.staging_uri) / stages.INSPECTED) if not r["reason"]]  # the images
     assert "circles/circle_001.jpg" not in {r["filename"] for r in inspected}
     staged = _staged_files(cfg)
-    assert secret_sha not in staged[stages.IMAGES].decode()
+    assert secret_sha not in staged[stages.INSPECTED].decode()
     for name, data in staged.items():
         assert secret_sha.encode() not in data and outside.read_bytes() not in data, name
 
@@ -273,12 +273,12 @@ def test_class_folder_swapped_for_symlink_after_listing_is_not_followed(sample_d
     assert result == {"inspected": 40, "rejected": 20}
     rejects = _read_csv(Path(cfg.staging_uri) / stages.INSPECT_REJECTS)
     assert {r["filename"]: r["reason"] for r in rejects} == {f"circles/{n}": "not_a_regular_file" for n in names}
-    inspected = _read_csv(Path(cfg.staging_uri) / stages.IMAGES)
+    inspected = [r for r in _read_csv(Path(cfg.staging_uri) / stages.INSPECTED) if not r["reason"]]  # the images
     assert not any(r["filename"].startswith("circles/") for r in inspected)
     assert not outside_shas & {r["sha256"] for r in inspected}
     staged = _staged_files(cfg)
     for sha in outside_shas:
-        assert sha not in staged[stages.IMAGES].decode()
+        assert sha not in staged[stages.INSPECTED].decode()
         assert all(sha.encode() not in data for data in staged.values())
 
 

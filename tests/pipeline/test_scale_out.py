@@ -27,7 +27,7 @@ from image_tfrecords.stages.inspect import CHUNKS, chunk_limits
 from image_tfrecords.staging import staged
 from image_tfrecords.storage import Storage
 
-TABLES = (stages.IMAGES, stages.INSPECT_REJECTS, stages.INSPECTED)
+TABLES = (stages.INSPECT_REJECTS, stages.INSPECTED)
 
 
 @pytest.fixture(scope="module")

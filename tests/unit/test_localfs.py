@@ -177,7 +177,7 @@ def test_a_swap_between_listing_and_reading_is_a_reject_and_nothing_outside_is_r
     worker.start()
     assert done.wait(60), "inspection blocked"
     rejects = storage.read_text(join(cfg.staging_uri, stages.INSPECT_REJECTS))
-    inspected = storage.read_text(join(cfg.staging_uri, stages.IMAGES))
+    inspected = storage.read_text(join(cfg.staging_uri, stages.INSPECTED))
     assert "circles/circle_003.jpg,not_a_regular_file" in rejects
     outside_hashes = {hashlib.sha256(p.read_bytes()).hexdigest() for p in outside.iterdir()}
     assert not any(h in inspected for h in outside_hashes), "bytes from outside the source were read"

@@ -61,7 +61,7 @@ GATE = f"shorter side under {MIN_SIDE} pixels or contrast under {MIN_CONTRAST:g}
 
 
 def gated(row: Mapping[str, str]) -> bool:
-    """Whether the hash of an image (its images.csv row: ``width``, ``height``, ``contrast``) is too
+    """Whether the hash of an image (its row of split's images: ``width``, ``height``, ``contrast``) is too
     unreliable to group on (see the module); False for an image without a measured contrast."""
     return unreliable(row["width"], row["height"], row["contrast"])
 

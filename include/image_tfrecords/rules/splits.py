@@ -154,11 +154,11 @@ def hex_prefixes(sha256: pl.Series) -> pl.Series:
 
 def content_columns(storage: Storage, uri: str, header: str, col: dict[str, int],
                     table: pl.DataFrame | None = None) -> tuple[Any, Any, dict[str, int]] | None:
-    """``DuplicateResolver``'s first pass over images.csv (``uri``, columns ``col``, its header ``header``) as
+    """``DuplicateResolver``'s first pass over the images (read from ``uri``, columns ``col``, its header ``header``) as
     polars columns: each row's first 64 bits of SHA-256 (uint64) and its label's number (int64, numbered in order
     of first appearance), and the numbers. One path for every table ``storage.tables.read_table`` reads (a damaged
     one: ``BuildError``); None, for the caller to read it row by row, where its header is not ``header`` or a
-    sha256 is not hex digits. ``table``: images.csv read already (by the caller), not read again."""
+    sha256 is not hex digits. ``table``: the images read already (by the caller), not read again."""
     pl = polars()
 
     table = read_table(storage, uri) if table is None else table

@@ -35,7 +35,6 @@ from ..shards.writer import write_shard
 from ..staging import (
     DISCOVER_REJECTS,
     DISCOVERED,
-    IMAGES,
     INSPECT_REJECTS,
     INSPECTED,
     LABELS,
@@ -71,7 +70,6 @@ from .write import costliest_first, shard_task, warm_up, write_and_check, write_
 __all__ = [
     "DISCOVERED",
     "DISCOVER_REJECTS",
-    "IMAGES",
     "INSPECTED",
     "INSPECT_REJECTS",
     "LABELS",

@@ -11,7 +11,7 @@ process pool):
    more than ``MAX_MAP_LENGTH`` chunks): ``inspect/todo-NNNNN.csv`` and ``inspect/chunks.json``.
 2. ``inspect_chunk`` reads one chunk's files and stages its rows (``inspect/done-NNNNN.csv``).
 3. ``gather_inspection`` (metadata only) merges the carried and inspected rows back into listing
-   order: ``images.csv``, the rejects and ``inspected.csv``, as one pass over the listing would.
+   order: ``inspected.csv`` and the rejects, as one pass over the listing would.
 
 Every row carries its listing number, so the merged tables do not depend on how the listing was
 cut or on which worker read what.
@@ -51,8 +51,6 @@ from ..staging import (
     CARRIED,
     DISCOVER_SUMMARY,
     DISCOVERED,
-    IMAGE_FIELDS,
-    IMAGES,
     INSPECT_REJECTS,
     INSPECT_SUMMARY,
     INSPECTED,
@@ -253,10 +251,18 @@ def inspect_chunk(cfg: BuildConfig, storage: Storage, chunk: int) -> dict[str, A
                 "label": _label(chunks, chunk)}
 
 
+def is_image() -> Any:
+    """The polars expression that tells an inspected.csv row of an image from a reject's."""
+    pl = polars()
+
+    return pl.col("reason").is_null() & pl.col("detail").is_null()
+
+
 @summarized
 def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
-    """Merge the carried and the chunks' rows, in listing order, into ``images.csv``, the inspection
-    rejects and ``inspected.csv``; stage the inspection summary."""
+    """Merge the carried and the chunks' rows, in listing order, into ``inspected.csv`` (a row for each file
+    discovered.csv lists, in its order: split takes each one's label from there) and the inspection rejects; stage
+    the inspection summary."""
     plan = read_json(storage, staged(cfg, CHUNKS))
     missing = [c for c in range(len(plan["chunks"])) if not storage.exists(staged(cfg, _done(c)))]
     if missing:
@@ -270,12 +276,10 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     if tuple(rows.columns) != DONE_FIELDS:
         raise BuildError(f"an inspection table has columns {rows.columns}, expected {DONE_FIELDS}")
     rows = rows.sort(pl.col("number").cast(pl.Int64))
-    image = pl.col("reason").is_null() & pl.col("detail").is_null()
-    good, rejected = rows.filter(image).select(IMAGE_FIELDS), rows.filter(~image).select(REJECTS_FIELDS)
-    write_table(storage, staged(cfg, IMAGES), good)
+    rejected = rows.filter(~is_image()).select(REJECTS_FIELDS)
     write_table(storage, staged(cfg, INSPECT_REJECTS), rejected)
     write_table(storage, staged(cfg, INSPECTED), rows.select(INSPECTION_FIELDS))
-    summary = {"inspected": len(good), "rejected": len(rejected), "files_read": plan["files_to_read"],
+    summary = {"inspected": len(rows) - len(rejected), "rejected": len(rejected), "files_read": plan["files_to_read"],
                "bytes_read": plan["bytes_to_read"], "files_reused": plan["files_reused"],
                "base_version": plan["base_version"], "not_reused_because": plan["not_reused_because"],
                "chunks": len(plan["chunks"])}

@@ -15,15 +15,17 @@ from ..progress import log, summarized
 from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import REJECTS_FIELDS, record_fields
+from ..rules.base_version import INSPECTION_FIELDS
 from ..rules.near_duplicates import Placement, hash_array, place, unreliable
 from ..rules.splits import DuplicateResolver, assign_splits, content_columns
 from ..staging import (
     DISCOVER_REJECTS,
     DISCOVER_SUMMARY,
+    DISCOVERED,
     GROUPS,
     IMAGE_FIELDS,
-    IMAGES,
     INSPECT_REJECTS,
+    INSPECTED,
     METADATA,
     NEAR_DUPLICATES,
     RECORDS,
@@ -34,6 +36,7 @@ from ..staging import (
 from ..storage import Storage, join
 from ..storage.documents import read_json, read_rows, write_json
 from ..storage.tables import polars, read_table, write_table
+from .inspect import is_image
 
 if TYPE_CHECKING:
     import polars as pl
@@ -49,15 +52,13 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 
     Each record's stored size, channels and format follow from the image options (``transform``); a
     multi-label record's ``label`` is its class names joined by the separator, ``label_id`` their ids;
-    the declared labels.csv columns are joined on (``metadata.csv``, in the same order as images.csv), and
+    the declared labels.csv columns are joined on (``metadata.csv``, in the listing's order), and
     so is the group column's value (``groups.csv``), which keys the split of an image that has one.
     """
     pl = polars()
 
-    inspected = staged(cfg, IMAGES)
-    images = read_table(storage, inspected)
-    if tuple(images.columns) != IMAGE_FIELDS:
-        raise BuildError(f"{inspected} has columns {images.columns}, expected {IMAGE_FIELDS}")
+    inspected = staged(cfg, INSPECTED)
+    images = _images(storage, inspected, staged(cfg, DISCOVERED))
     col = {name: i for i, name in enumerate(images.columns)}
     header = ",".join(col)
     resolver = DuplicateResolver(lambda: images.select("filename", "label", "sha256").fill_null("").iter_rows(),
@@ -111,10 +112,22 @@ def split_stage(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         "num_classes": len(classes)}
 
 
+def _images(storage: Storage, inspected: str, discovered: str) -> pl.DataFrame:
+    """The images of inspected.csv (``inspected``: a row for each file discovered.csv lists, in its order), each
+    with its label (discovered.csv's), as ``IMAGE_FIELDS``."""
+    rows = read_table(storage, inspected)
+    if tuple(rows.columns) != INSPECTION_FIELDS:
+        raise BuildError(f"{inspected} has columns {rows.columns}, expected {INSPECTION_FIELDS}")
+    listed = read_table(storage, discovered, columns=["filename", "label"])
+    if listed.height != rows.height or not (listed["filename"] == rows["filename"]).all():
+        raise BuildError(f"{inspected} does not list the files of {discovered} in its order")
+    return rows.with_columns(label=listed["label"]).filter(is_image()).select(IMAGE_FIELDS)
+
+
 def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver: DuplicateResolver,
              placement: Placement, published: dict[str, tuple[str, str]], groups: pl.Series,
              class_ids: dict[str, int], multi: bool) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Each image of images.csv (``images``) as its record (records.csv: ``record_fields``, in images.csv's order)
+    """Each image (``images``, ``_images``) as its record (records.csv: ``record_fields``, in the listing's order)
     or its reject (rejects.csv's columns, in the same order), and the kept records' near-duplicate groups
     (near_duplicates.csv). A file is rejected when another of the same content is kept (``resolver``), grouping
     rejects it (``placement``), it has a quality flag ``quality_reject`` names, or the image options would make
@@ -164,18 +177,20 @@ def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver:
 
 def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement,
                published: dict[str, tuple[str, str]]) -> pl.Series:
-    """Each image's split: its new near-duplicate group's, else its published one, else the split rule's."""
+    """Each image's split: its new near-duplicate group's, else its published one, else the split rule's (worked out
+    for those images alone)."""
     pl = polars()
 
     shas = frame["sha256"].fill_null("").to_list()
-    groups = frame["group_value"].fill_null("").to_list() if cfg.group_column else None
-    rule = assign_splits(shas, cfg.salt, cfg.splits, groups)
-    for i, sha in enumerate(shas):
-        if before := published.get(sha):
-            rule[i] = before[0] or rule[i]
+    splits: list[str] = [before[0] if (before := published.get(sha)) else "" for sha in shas] if published \
+        else [""] * len(shas)
     for i, split in placement.split.items():
-        rule[i] = split or rule[i]
-    return pl.Series("split", rule, dtype=pl.String)
+        splits[i] = split or splits[i]
+    todo = [i for i, split in enumerate(splits) if not split]
+    groups = frame["group_value"].fill_null("").gather(todo).to_list() if cfg.group_column else None
+    for i, split in zip(todo, assign_splits([shas[i] for i in todo], cfg.salt, cfg.splits, groups), strict=True):
+        splits[i] = split
+    return pl.Series("split", splits, dtype=pl.String)
 
 
 def _groups_of(frame: pl.DataFrame, placement: Placement, published: dict[str, tuple[str, str]]) -> pl.Series:
@@ -274,8 +289,8 @@ def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) ->
 
 def _near_duplicates(cfg: BuildConfig, images: pl.DataFrame, resolver: DuplicateResolver,
                      published: dict[str, tuple[str, str]], groups: pl.Series) -> Placement:
-    """Group the images of images.csv (``images``) that ``resolver`` keeps and place the groups
-    (``rules.near_duplicates``); row numbers of images.csv index the placement. An image the reliability
+    """Group the images (``images``, ``_images``) that ``resolver`` keeps and place the groups
+    (``rules.near_duplicates``); their row numbers index the placement. An image the reliability
     gate leaves out (``rules.near_duplicates.gated``) is grouped with nothing, and counted."""
     if cfg.near_duplicate_bits <= 0:
         return Placement()
@@ -299,7 +314,7 @@ def _near_duplicates(cfg: BuildConfig, images: pl.DataFrame, resolver: Duplicate
 
 
 def _group_values(cfg: BuildConfig, storage: Storage, images: pl.DataFrame) -> pl.Series:
-    """Each image's group column value (groups.csv, which discovery wrote; null for none), in images.csv's order;
+    """Each image's group column value (groups.csv, which discovery wrote; null for none), in the images' order;
     all null without a group column."""
     pl = polars()
 

@@ -1,4 +1,4 @@
-"""This package's CSV tables (labels.csv, images.csv, inspected.csv...) as polars DataFrames, and back.
+"""This package's CSV tables (labels.csv, inspected.csv, records.csv...) as polars DataFrames, and back.
 
 Every column is read as text (``pl.String``): a table's values are what it says, never a guessed type. An empty
 field reads as null and is written back empty, so a table read and written again keeps its bytes: polars quotes
@@ -48,8 +48,8 @@ def read_table(storage: Storage, uri: str, data: bytes | None = None, columns: l
     try:
         return pl.read_csv(data, columns=columns, infer_schema=False, quote_char='"', raise_if_empty=True,
                            truncate_ragged_lines=False)
-    except (pl.exceptions.PolarsError, UnicodeDecodeError) as exc:
-        raise BuildError(f"{uri} is not a table this package wrote: {exc}") from exc
+    except (pl.exceptions.PolarsError, UnicodeDecodeError) as exc:  # (polars' first line: its plan follows)
+        raise BuildError(f"{uri} is not a table this package wrote: {str(exc).strip().splitlines()[0]}") from exc
 
 
 def table_text(frame: pl.DataFrame, header: bool = True) -> bytes:
