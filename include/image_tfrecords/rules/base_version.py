@@ -164,7 +164,9 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> p
         known = pl.DataFrame(schema=dict.fromkeys(INSPECTION_FIELDS, pl.String))
     known = known.filter(~pl.col("reason").is_in(RETRIED_REASONS).fill_null(False))
     carried = listed.filter(pl.col("stamp").is_not_null()).select("number", "label", *key) \
-        .join(known, on=key, how="inner", maintain_order="left")  # (the listing is in number order)
+        .join(known, on="filename", how="inner", maintain_order="left", suffix="\0base") \
+        .filter((pl.col("num_bytes") == pl.col("num_bytes\0base")) & (pl.col("stamp") == pl.col("stamp\0base")))
+    # (in listing order, the number's; joined on the name and then compared: cheaper than a join on all three)
     if (twice := carried.filter(pl.col("number").is_duplicated())).height:
         raise BuildError(f"{uri} lists {twice['filename'][0]!r} twice")
     return carried.select("number", "label", *INSPECTION_FIELDS)

@@ -82,13 +82,14 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
         log.warning("%s: this version is built in full instead of on it", why_full)
     splits = list(summary["splits"])
     fields = record_fields(cfg)
-    known = base_records(storage, base, fields) if base is not None and not why_full else None
-    table, records, found = _records(cfg, storage, splits, fields, known[0] if known else None)
+    known, base_files = base_records(storage, base, fields) if base is not None and not why_full else (None, [])
+    table, records, found = _records(cfg, storage, splits, fields, known)
+    del known  # (the base's table, not held while the members are written)
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
                      for sizes_of in (records[1][records[2] == i] for i in range(len(splits))))
     layout = None
     if base is not None and not why_full:
-        layout = _incremental(cfg, base, splits, records, found, known[1] if known else [])
+        layout = _incremental(cfg, base, splits, records, found, base_files)
         if len(layout.all_files) > COMPACTION_FACTOR * full_count:
             why_full = (f"compaction: an incremental build would make {len(layout.all_files)} shards, more than "
                         f"{COMPACTION_FACTOR:g}x the {full_count} of a full build")
@@ -131,8 +132,11 @@ def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tupl
     if (split_of < 0).any():
         raise BuildError(f"{uri} names a split that is not one of {splits}: {table['split'][split_of.arg_min()]!r}")
     found = np.full(len(table), -1, dtype=np.int64)
-    if known is not None:
-        joined = table.select(fields).with_row_index("row").join(known, on=list(fields), how="inner", nulls_equal=True)
+    if known is not None:  # joined on name and content, then every other field compared (cheaper than a join on all)
+        joined = table.select(fields).with_row_index("row").join(known, on=["filename", "sha256"], how="inner",
+                                                                 nulls_equal=True, suffix="\0base")
+        others = [name for name in fields if name not in ("filename", "sha256")]  # (a suffix no column name holds)
+        joined = joined.filter(pl.all_horizontal(pl.col(name).eq_missing(pl.col(f"{name}\0base")) for name in others))
         found[joined["row"].to_numpy()] = joined["found"].to_numpy()
     return table, (table["sha256"].fill_null(""), sizes, split_of.to_numpy()), found
 
