@@ -235,7 +235,7 @@ def planned_sizes(records: Any, jpeg_quality: int, uri: str) -> Any:
 
     pl = polars()
     try:
-        sizes = records["encoded_bytes"].cast(pl.Int64).to_numpy().astype(np.int64, copy=True)
+        sizes = records["encoded_bytes"].cast(pl.Int64).fill_null(0).to_numpy().astype(np.int64, copy=True)
     except pl.exceptions.InvalidOperationError as exc:
         raise BuildError(f"{uri}: an encoded_bytes that is not a number ({exc})") from exc
     for i in np.flatnonzero(records["encoded_bytes"].is_null().to_numpy()).tolist():  # made by the writer
