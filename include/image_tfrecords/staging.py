@@ -24,8 +24,8 @@ COPY_THREADS = 8  # copies into and out of staging that reuse and publish run at
 DISCOVERED, DISCOVER_REJECTS, DISCOVER_SUMMARY = "discovered.csv", "rejects-discover.csv", "discover.json"
 GROUPS = "groups.csv"  # the group column's value of each discovered file (with group_column), in discovered.csv's order
 METADATA = "metadata.csv"  # labels.csv's declared columns of each discovered file, in discovered.csv's order
-# inspection: the images (with their labels), the rejects and a summary; and INSPECTED (every file
-# inspected or taken over from the previous version: published as inspected.csv)
+# inspection: the rejects and a summary, and INSPECTED (every file discovered.csv lists, in its order, inspected or
+# taken over from the previous version: published as inspected.csv; split takes the labels from discovered.csv)
 INSPECT_REJECTS, INSPECT_SUMMARY = "rejects-inspect.csv", "inspect.json"
 CARRIED = "inspect/carried.csv"  # the files whose inspection was taken over from the previous version
 RECORDS = "records.csv"  # labels.csv's rows before plan gives each its shard
