@@ -27,7 +27,6 @@ METADATA = "metadata.csv"  # labels.csv's declared columns of each discovered fi
 # inspection: the rejects and a summary, and INSPECTED (every file discovered.csv lists, in its order, inspected or
 # taken over from the previous version: published as inspected.csv; split takes the labels from discovered.csv)
 INSPECT_REJECTS, INSPECT_SUMMARY = "rejects-inspect.csv", "inspect.json"
-CARRIED = "inspect/carried.csv"  # the files whose inspection was taken over from the previous version
 RECORDS = "records.csv"  # labels.csv's rows before plan gives each its shard
 SPLIT_SUMMARY, PLAN = "split.json", "plan.json"
 MEMBERS, SHARDS, RECEIPTS, CHECKED = "members", "shards", "receipts", "validated"  # one file per shard in each

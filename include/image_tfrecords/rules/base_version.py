@@ -18,6 +18,7 @@ text (name, size and stamp; every record field), which hold both tables in memor
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -128,25 +129,21 @@ def recorded(manifest: Manifest, name: str) -> Any:
     return manifest.params.get(name, default(name)) if manifest.params else None
 
 
-def missing_base_files(storage: Storage, base: Base) -> str:
-    """What the base lacks of the files an incremental build reads (its labels.csv, any shard or
-    ``.tfindex`` its manifest lists), as one phrase; ``""`` when it has them all. One listing."""
+def missing_base_files(storage: Storage, base: Base) -> tuple[str, bytes]:
+    """What the base lacks of the files an incremental build reads (its labels.csv, any shard or ``.tfindex`` its
+    manifest lists), as one phrase (``""`` when it has them all: one listing), and its labels.csv's bytes, read
+    once for ``base_records``. A labels.csv that does not hash to the SHA-256 its manifest gives (none before
+    0.5.0) is damaged too: the places of its records, which splicing trusts, must be the published ones."""
     files = set(storage.list_children(base.uri)[1])
     needed = [layout.LABELS] + [name for file in base.manifest.shard_files for name in (file, layout.index_file(file))]
     missing = [name for name in needed if name not in files]
-    if not missing:
-        return "" if labels_as_published(storage, base) else \
-            f"version {base.version} is damaged: its {layout.LABELS} is not the one it published"
-    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-    return f"version {base.version} is damaged: {missing[0]}{more} is missing"
-
-
-def labels_as_published(storage: Storage, base: Base) -> bool:
-    """Whether the base's labels.csv hashes to the SHA-256 its manifest gives (True for a manifest from
-    before 0.5.0, which gives none): the places of its records, which splicing trusts, are then the
-    published ones."""
-    want = base.manifest.labels_sha256
-    return not want or storage.sha256_of(join(base.uri, layout.LABELS)) == want
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        return f"version {base.version} is damaged: {missing[0]}{more} is missing", b""
+    labels = storage.read_bytes(join(base.uri, layout.LABELS))
+    if (want := base.manifest.labels_sha256) and hashlib.sha256(labels).hexdigest() != want:
+        return f"version {base.version} is damaged: its {layout.LABELS} is not the one it published", b""
+    return "", labels
 
 
 def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> pl.DataFrame:
@@ -172,15 +169,17 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> p
     return carried.select("number", "label", *INSPECTION_FIELDS)
 
 
-def base_records(storage: Storage, base: Base, fields: tuple[str, ...]) -> tuple[pl.DataFrame, list[str]]:
-    """The records the base holds, to join a build's records with (``stages.plan``): its labels.csv's record
+def base_records(storage: Storage, base: Base, fields: tuple[str, ...], labels: bytes
+                 ) -> tuple[pl.DataFrame, list[str]]:
+    """The records the base holds, to join a build's records with (``stages.plan``): its labels.csv's (``labels``,
+    read by ``missing_base_files``) record
     fields (``fields``, the build's; a field its labels.csv lacks, from an older release, is null: such a field
     was empty then), and ``found``, each record's shard (a number into the list returned with it) and place in
     it, packed in one int (``shard << 32 | place + 1``; place 0: the base's labels.csv does not give it). Equal
     fields mean byte-identical records (under the same image options)."""
     pl = polars()
 
-    table = read_table(storage, join(base.uri, layout.LABELS))
+    table = read_table(storage, join(base.uri, layout.LABELS), labels)
     table = table.with_columns(shard=pl.col("shard").fill_null("") if "shard" in table.columns else pl.lit(""))
     shards = table["shard"].unique(maintain_order=True).to_list()
     number = pl.col("shard").replace_strict(shards, list(range(len(shards))), return_dtype=pl.Int64)

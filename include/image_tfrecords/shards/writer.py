@@ -10,7 +10,6 @@ staged already, intact, from the same members and made the same way is not writt
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import tempfile
@@ -33,7 +32,6 @@ from ..rules.base_version import FULL_REBUILD
 from ..source import spool
 from ..source.reading import read_source
 from ..staging import (
-    CARRIED,
     MEMBERS,
     RECEIPTS,
     SHARDS,
@@ -139,10 +137,9 @@ def _changed(cfg: BuildConfig, storage: Storage, filename: str, detail: str = ""
     rerun reads a file again when its listing changed, but an inspection taken over from the previous
     version (same size and modification stamp: the content changed under an unchanged stamp) is taken
     over again by every incremental build, so only a full one reads it."""
-    carried = False
-    with contextlib.suppress(FileNotFoundError), read_rows(storage, staged(cfg, CARRIED)) as rows:
-        carried = any(row["filename"] == filename for row in rows)
-    if carried:
+    from ..stages.inspect import was_read  # (an error's path: the stages import this module)
+
+    if not was_read(cfg, storage, filename):
         return BuildError(f"{filename} changed{detail} though its size and modification time did not, so this "
                           f"build took over the previous version's inspection of it: {FULL_REBUILD}")
     return BuildError(f"{filename} changed since it was inspected{detail}; rerun the build")

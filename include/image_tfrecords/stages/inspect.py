@@ -5,13 +5,14 @@ run anywhere (the DAG maps one task over each; the command line streams every ch
 process pool):
 
 1. ``plan_inspection`` (metadata only) joins the listing with the previous version's
-   ``inspected.csv``: a file with the same name, size and stamp is not read again, its row is taken
-   over (``base_version``; ``inspect/carried.csv``). The files to read are cut, in listing order, into
-   chunks of at most ``cfg.chunk_files`` files or ``cfg.chunk_mb`` MB (bigger when that would make
-   more than ``MAX_MAP_LENGTH`` chunks): ``inspect/todo-NNNNN.csv`` and ``inspect/chunks.json``.
+   ``inspected.csv``: a file with the same name, size and stamp
+   is not read again, its row is taken over (``base_version``). The files to read are cut, in listing
+   order, into chunks of at most ``cfg.chunk_files`` files or ``cfg.chunk_mb`` MB (bigger when that
+   would make more than ``MAX_MAP_LENGTH`` chunks): ``inspect/todo-NNNNN.csv`` and ``inspect/chunks.json``.
 2. ``inspect_chunk`` reads one chunk's files and stages its rows (``inspect/done-NNNNN.csv``).
-3. ``gather_inspection`` (metadata only) merges the carried and inspected rows back into listing
-   order: ``inspected.csv`` and the rejects, as one pass over the listing would.
+3. ``gather_inspection`` (metadata only) takes the rows over (the same join, on the whole of the previous
+   version's table: they are not staged in between) and merges them with the inspected ones back into
+   listing order: ``inspected.csv`` and the rejects, as one pass over the listing would.
 
 Every row carries its listing number, so the merged tables do not depend on how the listing was
 cut or on which worker read what.
@@ -27,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import BuildConfig
 from ..errors import BuildError
@@ -48,7 +49,6 @@ from ..source import spool
 from ..source.listing import DISCOVERED_FIELDS
 from ..source.reading import read_source
 from ..staging import (
-    CARRIED,
     DISCOVER_SUMMARY,
     DISCOVERED,
     INSPECT_REJECTS,
@@ -62,6 +62,9 @@ from ..staging import (
 from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, read_rows, write_json
 from ..storage.tables import polars, read_table, write_table
+
+if TYPE_CHECKING:
+    import polars as pl
 
 CHUNKS = "inspect/chunks.json"
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
@@ -130,27 +133,32 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
     return {"chunks": len(chunks), "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried}
 
 
-def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
-          ) -> tuple[list[dict[str, int]], int, int, int, str]:
-    """Stage the rows taken over from ``base`` (``inspect/carried.csv``: each with its listing number and label) and
-    the files left to read, cut into chunks (``todo`` tables). Returns the chunks, the files and bytes to read, the
-    files carried, and why nothing was taken over from a base whose inspected.csv is damaged (a damaged base never
-    stops a build: its files are read again)."""
+def _listed(cfg: BuildConfig, storage: Storage) -> pl.DataFrame:
+    """discovered.csv, each row with its listing ``number``."""
     pl = polars()
 
     listed = read_table(storage, staged(cfg, DISCOVERED))
     if tuple(listed.columns) != DISCOVERED_FIELDS:
         raise BuildError(f"{staged(cfg, DISCOVERED)} has columns {listed.columns}, expected {DISCOVERED_FIELDS}")
-    listed = listed.with_row_index("number").with_columns(pl.col("number").cast(pl.Int64))
-    carried = pl.DataFrame(schema={name: pl.Int64 if name == "number" else pl.String for name in DONE_FIELDS})
+    return listed.with_row_index("number").with_columns(pl.col("number").cast(pl.Int64))
+
+
+def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
+          ) -> tuple[list[dict[str, int]], int, int, int, str]:
+    """Stage the files left to read once the rows of ``base`` are taken over, cut into chunks (``todo`` tables).
+    Returns the chunks, the files and bytes to read, the files carried, and why nothing was taken over from a base
+    whose inspected.csv is damaged (a damaged base never stops a build: its files are read again)."""
+    pl = polars()
+
+    listed = _listed(cfg, storage)
+    carried = pl.DataFrame(schema={"number": pl.Int64})
     damaged = ""
     if base is not None:
-        try:
-            carried = carried_inspections(storage, base, listed)
+        try:  # (the whole table read: a damaged one is found here, before any file would not be read)
+            carried = carried_inspections(storage, base, listed).select("number")
         except BuildError as exc:
             damaged = f"version {base.version} is damaged: {exc}"
             log.warning("%s: every file is read again", damaged)
-    write_table(storage, staged(cfg, CARRIED), carried)
     unread = listed.join(carried.select("number"), on="number", how="anti").sort("number")
     try:
         sizes = unread["num_bytes"].cast(pl.Int64).to_list()
@@ -271,11 +279,11 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
 
     pl = polars()
 
-    rows = pl.concat([read_table(storage, staged(cfg, name)) for name in
-                      (CARRIED, *(_done(chunk) for chunk in range(len(plan["chunks"]))))])
-    if tuple(rows.columns) != DONE_FIELDS:
-        raise BuildError(f"an inspection table has columns {rows.columns}, expected {DONE_FIELDS}")
-    rows = rows.sort(pl.col("number").cast(pl.Int64))
+    done = [read_table(storage, staged(cfg, _done(chunk))) for chunk in range(len(plan["chunks"]))]
+    if wrong := next((table.columns for table in done if tuple(table.columns) != DONE_FIELDS), None):
+        raise BuildError(f"an inspection table has columns {wrong}, expected {DONE_FIELDS}")
+    rows = pl.concat([_carried(cfg, storage, plan), *(table.with_columns(pl.col("number").cast(pl.Int64))
+                                                      for table in done)]).sort("number")
     rejected = rows.filter(~is_image()).select(REJECTS_FIELDS)
     write_table(storage, staged(cfg, INSPECT_REJECTS), rejected)
     write_table(storage, staged(cfg, INSPECTED), rows.select(INSPECTION_FIELDS))
@@ -285,6 +293,34 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                "chunks": len(plan["chunks"])}
     write_json(storage, staged(cfg, INSPECT_SUMMARY), summary)
     return {key: summary[key] for key in ("inspected", "rejected", "files_read", "files_reused")}
+
+
+def _carried(cfg: BuildConfig, storage: Storage, plan: dict[str, Any]) -> pl.DataFrame:
+    """The rows ``plan_inspection`` took over (its ``plan``: ``files_reused`` of them, from ``base_version``), as
+    ``DONE_FIELDS``."""
+    pl = polars()
+
+    carried = pl.DataFrame(schema={name: pl.Int64 if name == "number" else pl.String for name in DONE_FIELDS})
+    if plan["files_reused"]:
+        base = base_of(cfg, storage, plan["base_version"])
+        if base is None:
+            raise BuildError(f"inspection took {plan['files_reused']} files over from version {plan['base_version']}, "
+                             "which this build has no base of")
+        carried = carried_inspections(storage, base, _listed(cfg, storage)).select(DONE_FIELDS)
+    if carried.height != plan["files_reused"]:  # (a published version never changes)
+        raise BuildError(f"version {plan['base_version']} gives {carried.height} inspections to take over, its plan "
+                         f"{plan['files_reused']}")
+    return carried
+
+
+def was_read(cfg: BuildConfig, storage: Storage, filename: str) -> bool:
+    """Whether inspection read ``filename`` (one of its chunks lists it), rather than taking its row over."""
+    chunks = read_json(storage, staged(cfg, CHUNKS))["chunks"]
+    for chunk in range(len(chunks)):
+        with read_rows(storage, staged(cfg, _done(chunk))) as rows:
+            if any(row["filename"] == filename for row in rows):
+                return True
+    return False
 
 
 def inspect_stage(cfg: BuildConfig, storage: Storage, workers: int = 4, progress: Progress = no_progress,

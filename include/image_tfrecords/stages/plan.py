@@ -78,11 +78,16 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
     base = base_of(cfg, storage, summary["previous_version"])
     why_full = why_not_reuse_shards(cfg, base, schema_of(cfg, bool(summary.get("multi_label"))))
-    if base is not None and not why_full and (why_full := missing_base_files(storage, base)):
-        log.warning("%s: this version is built in full instead of on it", why_full)
+    labels = b""  # the base's labels.csv, read once: checked, then joined with
+    if base is not None and not why_full:
+        why_full, labels = missing_base_files(storage, base)
+        if why_full:
+            log.warning("%s: this version is built in full instead of on it", why_full)
     splits = list(summary["splits"])
     fields = record_fields(cfg)
-    known, base_files = base_records(storage, base, fields) if base is not None and not why_full else (None, [])
+    known, base_files = base_records(storage, base, fields, labels) if base is not None and not why_full \
+        else (None, [])
+    del labels
     table, records, found = _records(cfg, storage, splits, fields, known)
     del known  # (the base's table, not held while the members are written)
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)

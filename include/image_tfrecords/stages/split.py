@@ -125,7 +125,7 @@ def _images(storage: Storage, inspected: str, discovered: str) -> pl.DataFrame:
 
 
 def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver: DuplicateResolver,
-             placement: Placement, published: dict[str, tuple[str, str]], groups: pl.Series,
+             placement: Placement, published: pl.DataFrame, groups: pl.Series,
              class_ids: dict[str, int], multi: bool) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Each image (``images``, ``_images``) as its record (records.csv: ``record_fields``, in the listing's order)
     or its reject (rejects.csv's columns, in the same order), and the kept records' near-duplicate groups
@@ -175,36 +175,35 @@ def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver:
     return records, frame.filter(pl.col("reason").is_not_null()).select(REJECTS_FIELDS), near
 
 
-def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement,
-               published: dict[str, tuple[str, str]]) -> pl.Series:
+def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement, published: pl.DataFrame) -> pl.Series:
     """Each image's split: its new near-duplicate group's, else its published one, else the split rule's (worked out
     for those images alone)."""
     pl = polars()
 
-    shas = frame["sha256"].fill_null("").to_list()
-    splits: list[str] = [before[0] if (before := published.get(sha)) else "" for sha in shas] if published \
-        else [""] * len(shas)
-    for i, split in placement.split.items():
-        splits[i] = split or splits[i]
-    todo = [i for i, split in enumerate(splits) if not split]
-    groups = frame["group_value"].fill_null("").gather(todo).to_list() if cfg.group_column else None
-    for i, split in zip(todo, assign_splits([shas[i] for i in todo], cfg.salt, cfg.splits, groups), strict=True):
-        splits[i] = split
-    return pl.Series("split", splits, dtype=pl.String)
+    before = frame.select("sha256").join(published, on="sha256", how="left", maintain_order="left")["split"]
+    splits = _placed(before, placement.split)
+    todo = splits.is_null().arg_true()
+    if len(todo):
+        groups = frame["group_value"].fill_null("").gather(todo).to_list() if cfg.group_column else None
+        ruled = assign_splits(frame["sha256"].fill_null("").gather(todo).to_list(), cfg.salt, cfg.splits, groups)
+        splits = splits.scatter(todo, pl.Series(ruled, dtype=pl.String))
+    return splits.alias("split")
 
 
-def _groups_of(frame: pl.DataFrame, placement: Placement, published: dict[str, tuple[str, str]]) -> pl.Series:
+def _groups_of(frame: pl.DataFrame, placement: Placement, published: pl.DataFrame) -> pl.Series:
     """Each image's near-duplicate group key: its new group's, else its published one's; null for none."""
+    before = frame.select("sha256").join(published, on="sha256", how="left", maintain_order="left")["near_group"]
+    return _placed(before, placement.group).alias("near_group")
+
+
+def _placed(before: pl.Series, placed: dict[int, str]) -> pl.Series:
+    """``before`` (null or "" for none), with the images that ``placed`` (row number -> value) gives a value."""
     pl = polars()
 
-    keys: list[str | None] = [None] * frame.height
-    if published:
-        for i, sha in enumerate(frame["sha256"].to_list()):
-            if (before := published.get(sha)) and before[1]:
-                keys[i] = before[1]
-    for i, group in placement.group.items():
-        keys[i] = group or keys[i]
-    return pl.Series("near_group", keys, dtype=pl.String)
+    values = before.replace("", None)
+    if given := {i: value for i, value in placed.items() if value}:
+        values = values.scatter(list(given), pl.Series(list(given.values()), dtype=pl.String))
+    return values
 
 
 def _planned(cfg: BuildConfig, frame: pl.DataFrame) -> pl.DataFrame:
@@ -256,39 +255,34 @@ def _metadata(cfg: BuildConfig, storage: Storage) -> pl.DataFrame:
     return table.rename(dict(zip(table.columns[1:], cfg.columns, strict=True))).with_columns(__listed=pl.lit(True))
 
 
-def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> dict[str, tuple[str, str]]:
-    """Content hash -> (split, near-duplicate group) of the previous version's records, which keep their
-    splits; nothing when there is none or its splits, salt or group column were others (changing them
-    reassigns every image). With the search off, only its grouped records (``near_duplicates.csv``: the
-    others are where the split rule puts them); with it on, all of them (labels.csv: which images are
-    new), and with a group column too (an image whose group value was edited stays where it is). A previous
-    version that lost those files gives what is left (a damaged base is rebuilt in full anyway).
-    Memory: about 200 bytes per record read."""
+def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) -> pl.DataFrame:
+    """The previous version's records, which keep their splits, as ``sha256``, ``split`` and ``near_group`` (""
+    for none): its labels.csv's, with near_duplicates.csv's groups; nothing when there is none or its splits, salt
+    or group column were others (changing them reassigns every image). A previous version that lost those files
+    gives what is left (a damaged base is rebuilt in full anyway). Memory: about 100 bytes per record read."""
     pl = polars()
 
+    columns = ["sha256", "split", "near_group"]
+    published = pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
     params = manifest.params if manifest is not None else {}
     if manifest is None or (params.get("splits"), params.get("salt"), params.get("group_column", "")) != \
             (cfg.splits, cfg.salt, cfg.group_column):
-        return {}
+        return published
     version = join(cfg.dataset_uri, manifest.version)
-    grouped: dict[str, tuple[str, str]] = {}
     with contextlib.suppress(FileNotFoundError):  # none before 0.6.0
-        near = read_table(storage, join(version, layout.NEAR_DUPLICATES)).fill_null("")
-        grouped = {sha: (split, group) for sha, split, group in
-                   near.select("sha256", "split", "near_group").iter_rows()}
-    if cfg.near_duplicate_bits <= 0 and not cfg.group_column:
-        return grouped
+        published = read_table(storage, join(version, layout.NEAR_DUPLICATES), columns=columns)
     try:
-        labels = read_table(storage, join(version, layout.LABELS)).select("sha256", "split").fill_null("")
-    except (FileNotFoundError, BuildError, pl.exceptions.ColumnNotFoundError) as exc:
+        labels = read_table(storage, join(version, layout.LABELS), columns=["sha256", "split"])
+    except (FileNotFoundError, BuildError) as exc:
         log.warning("near-duplicates: %s of version %s unreadable (%s): its records count as new",
                     layout.LABELS, manifest.version, exc)
-        return grouped
-    return {sha: (split, grouped.get(sha, ("", ""))[1]) for sha, split in labels.iter_rows()}
+        return published.fill_null("")
+    return labels.join(published.select("sha256", "near_group"), on="sha256", how="left", maintain_order="left") \
+        .unique("sha256", keep="first", maintain_order=True).fill_null("")
 
 
 def _near_duplicates(cfg: BuildConfig, images: pl.DataFrame, resolver: DuplicateResolver,
-                     published: dict[str, tuple[str, str]], groups: pl.Series) -> Placement:
+                     published: pl.DataFrame, groups: pl.Series) -> Placement:
     """Group the images (``images``, ``_images``) that ``resolver`` keeps and place the groups
     (``rules.near_duplicates``); their row numbers index the placement. An image the reliability
     gate leaves out (``rules.near_duplicates.gated``) is grouped with nothing, and counted."""
@@ -304,7 +298,8 @@ def _near_duplicates(cfg: BuildConfig, images: pl.DataFrame, resolver: Duplicate
             value = ""
             gated += 1
         hashes.append(value)
-    placement = place(names, shas, labels, hash_array(hashes), published, cfg.near_duplicate_bits, cfg.salt,
+    before = dict(zip(published["sha256"], zip(published["split"], published["near_group"], strict=True), strict=True))
+    placement = place(names, shas, labels, hash_array(hashes), before, cfg.near_duplicate_bits, cfg.salt,
                       cfg.splits, keep_across_labels=cfg.near_duplicate_labels == "keep",
                       group_values=groups.fill_null("").to_list())
     placement.gated = gated
