@@ -31,7 +31,7 @@ from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..storage import Storage, join
-from ..storage.tables import polars, read_table
+from ..storage.tables import polars, read_table, row_bounds
 
 if TYPE_CHECKING:
     import polars as pl
@@ -146,19 +146,29 @@ def missing_base_files(storage: Storage, base: Base) -> tuple[str, bytes]:
     return "", labels
 
 
-def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> pl.DataFrame:
+def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     """The base's inspections of the files listed (``listed``: discovered.csv with each row's ``number``) whose name,
-    size and stamp are unchanged, as ``number``, ``label`` (the listing's) and the base's ``INSPECTION_FIELDS``, in
-    listing order. A file without a stamp (nothing proves it unchanged) and a ``RETRIED_REASONS`` reject (its
-    inspection said nothing of its content) take nothing over; nor does a base inspected.csv of other columns. A
-    base inspected.csv that lists a file twice is damaged (``BuildError``)."""
+    size and stamp are unchanged, as ``number``, ``label`` (the listing's), the base's ``INSPECTION_FIELDS`` and
+    where the row begins and ends in the base's inspected.csv (``begin``, ``end``: byte offsets), in listing order;
+    and that table's SHA-256. A file without a stamp (nothing proves it unchanged) and a ``RETRIED_REASONS`` reject
+    (its inspection said nothing of its content) take nothing over; nor does a base inspected.csv of other columns.
+    A base inspected.csv that lists a file twice, or that this package did not write, is damaged (``BuildError``)."""
     pl = polars()
 
     uri = join(base.uri, layout.INSPECTED)
-    known = read_table(storage, uri)
+    data = storage.read_bytes(uri)
+    known = read_table(storage, uri, data)
     key = ["filename", "num_bytes", "stamp"]
     if tuple(known.columns) != INSPECTION_FIELDS:  # not this release's columns: read nothing of it
-        known = pl.DataFrame(schema=dict.fromkeys(INSPECTION_FIELDS, pl.String))
+        known = pl.DataFrame(schema={**dict.fromkeys(INSPECTION_FIELDS, pl.String), "begin": pl.Int64,
+                                     "end": pl.Int64})
+    else:
+        start = data.find(b"\n") + 1
+        try:
+            begins, ends = row_bounds(known, memoryview(data)[start:])
+        except BuildError as exc:
+            raise BuildError(f"{uri} is not a table this package wrote: {exc}") from exc
+        known = known.with_columns(begin=pl.Series(begins + start), end=pl.Series(ends + start))
     known = known.filter(~pl.col("reason").is_in(RETRIED_REASONS).fill_null(False))
     carried = listed.filter(pl.col("stamp").is_not_null()).select("number", "label", *key) \
         .join(known, on="filename", how="inner", maintain_order="left", suffix="\0base") \
@@ -166,7 +176,7 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> p
     # (in listing order, the number's; joined on the name and then compared: cheaper than a join on all three)
     if (twice := carried.filter(pl.col("number").is_duplicated())).height:
         raise BuildError(f"{uri} lists {twice['filename'][0]!r} twice")
-    return carried.select("number", "label", *INSPECTION_FIELDS)
+    return carried.select("number", "label", *INSPECTION_FIELDS, "begin", "end"), hashlib.sha256(data).hexdigest()
 
 
 def base_records(storage: Storage, base: Base, fields: tuple[str, ...], labels: bytes

@@ -5,14 +5,15 @@ run anywhere (the DAG maps one task over each; the command line streams every ch
 process pool):
 
 1. ``plan_inspection`` (metadata only) joins the listing with the previous version's
-   ``inspected.csv``: a file with the same name, size and stamp
-   is not read again, its row is taken over (``base_version``). The files to read are cut, in listing
-   order, into chunks of at most ``cfg.chunk_files`` files or ``cfg.chunk_mb`` MB (bigger when that
-   would make more than ``MAX_MAP_LENGTH`` chunks): ``inspect/todo-NNNNN.csv`` and ``inspect/chunks.json``.
+   ``inspected.csv``: a file with the same name, size and stamp is not read again, its row is taken
+   over (``base_version``; ``inspect/carried.csv`` gives each one's listing number and where its row is in
+   that table). The files to read are cut, in listing order, into chunks of at most ``cfg.chunk_files``
+   files or ``cfg.chunk_mb`` MB (bigger when that would make more than ``MAX_MAP_LENGTH`` chunks):
+   ``inspect/todo-NNNNN.csv`` and ``inspect/chunks.json``.
 2. ``inspect_chunk`` reads one chunk's files and stages its rows (``inspect/done-NNNNN.csv``).
-3. ``gather_inspection`` (metadata only) takes the rows over (the same join, on the whole of the previous
-   version's table: they are not staged in between) and merges them with the inspected ones back into
-   listing order: ``inspected.csv`` and the rejects, as one pass over the listing would.
+3. ``gather_inspection`` (metadata only) merges the rows taken over (the previous version's text of them, its
+   table checked to be the one planned on) and the inspected ones back into listing order: ``inspected.csv``
+   and the rejects, as one pass over the listing would.
 
 Every row carries its listing number, so the merged tables do not depend on how the listing was
 cut or on which worker read what.
@@ -20,6 +21,7 @@ cut or on which worker read what.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import time
@@ -61,12 +63,14 @@ from ..staging import (
 )
 from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, read_rows, write_json
-from ..storage.tables import polars, read_table, write_table
+from ..storage.tables import polars, read_table, table_rows, table_text, write_table
 
 if TYPE_CHECKING:
     import polars as pl
 
 CHUNKS = "inspect/chunks.json"
+CARRIED = "inspect/carried.csv"  # the files whose row is taken over: listing number, and where the row is in the base
+CARRIED_FIELDS = ("number", "begin", "end", "rejected")
 TODO_FIELDS = ("number", "filename", "label", "num_bytes", "stamp")
 DONE_FIELDS = ("number", "label", *INSPECTION_FIELDS)
 # What inspecting the first image imports (the thumbnails' measurements need numpy, split needs it here too; Pillow
@@ -125,12 +129,12 @@ def plan_inspection(cfg: BuildConfig, storage: Storage, max_chunks: int = MAX_MA
     if base is not None and not why_not and not storage.exists(join(base.uri, layout.INSPECTED)):
         why_not = f"version {base.version} is damaged: its {layout.INSPECTED} is missing"
         log.warning("%s: every file is read again", why_not)
-    chunks, files, num_bytes, carried, damaged = _plan(cfg, storage, None if why_not else base, max_chunks)
-    why_not = why_not or damaged
-    plan = {"chunks": chunks, "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried,
-            "base_version": base.version if base else None, "not_reused_because": why_not}
+    plan = _plan(cfg, storage, None if why_not else base, max_chunks)
+    plan["not_reused_because"] = why_not or plan["not_reused_because"]
+    plan["base_version"] = base.version if base else None
     write_json(storage, staged(cfg, CHUNKS), plan)
-    return {"chunks": len(chunks), "files_to_read": files, "bytes_to_read": num_bytes, "files_reused": carried}
+    return {"chunks": len(plan["chunks"]), **{key: plan[key] for key in ("files_to_read", "bytes_to_read",
+                                                                         "files_reused")}}
 
 
 def _listed(cfg: BuildConfig, storage: Storage) -> pl.DataFrame:
@@ -143,22 +147,24 @@ def _listed(cfg: BuildConfig, storage: Storage) -> pl.DataFrame:
     return listed.with_row_index("number").with_columns(pl.col("number").cast(pl.Int64))
 
 
-def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
-          ) -> tuple[list[dict[str, int]], int, int, int, str]:
-    """Stage the files left to read once the rows of ``base`` are taken over, cut into chunks (``todo`` tables).
-    Returns the chunks, the files and bytes to read, the files carried, and why nothing was taken over from a base
+def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int) -> dict[str, Any]:
+    """Stage the rows taken over from ``base`` (``CARRIED``) and the files left to read, cut into chunks (``todo``
+    tables). Returns chunks.json's facts: the chunks, the files listed, the files and bytes to read, the files
+    carried, the SHA-256 of the base's inspected.csv they come from, and why nothing was taken over from a base
     whose inspected.csv is damaged (a damaged base never stops a build: its files are read again)."""
     pl = polars()
 
     listed = _listed(cfg, storage)
-    carried = pl.DataFrame(schema={"number": pl.Int64})
-    damaged = ""
+    carried = pl.DataFrame(schema=dict.fromkeys(CARRIED_FIELDS, pl.Int64))
+    damaged = base_sha256 = ""
     if base is not None:
         try:  # (the whole table read: a damaged one is found here, before any file would not be read)
-            carried = carried_inspections(storage, base, listed).select("number")
+            found, base_sha256 = carried_inspections(storage, base, listed)
+            carried = found.select("number", "begin", "end", rejected=(~is_image()).cast(pl.Int64))
         except BuildError as exc:
             damaged = f"version {base.version} is damaged: {exc}"
             log.warning("%s: every file is read again", damaged)
+    write_table(storage, staged(cfg, CARRIED), carried)
     unread = listed.join(carried.select("number"), on="number", how="anti").sort("number")
     try:
         sizes = unread["num_bytes"].cast(pl.Int64).to_list()
@@ -175,7 +181,8 @@ def _plan(cfg: BuildConfig, storage: Storage, base: Base | None, max_chunks: int
     for number, chunk in enumerate(chunks):
         write_table(storage, staged(cfg, _todo(number)), todo.slice(first, chunk["files"]))
         first += chunk["files"]
-    return chunks, len(sizes), sum(sizes), len(carried), damaged
+    return {"chunks": chunks, "files_listed": listed.height, "files_to_read": len(sizes), "bytes_to_read": sum(sizes),
+            "files_reused": carried.height, "base_inspected_sha256": base_sha256, "not_reused_because": damaged}
 
 
 def chunk_label(cfg: BuildConfig, storage: Storage, chunk: int) -> str:
@@ -268,9 +275,10 @@ def is_image() -> Any:
 
 @summarized
 def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
-    """Merge the carried and the chunks' rows, in listing order, into ``inspected.csv`` (a row for each file
+    """Merge the rows taken over and the chunks' rows, in listing order, into ``inspected.csv`` (a row for each file
     discovered.csv lists, in its order: split takes each one's label from there) and the inspection rejects; stage
-    the inspection summary."""
+    the inspection summary. A row taken over is the previous version's text of it, from the table the plan read
+    (checked by its SHA-256): nothing of it is parsed but the rejects'."""
     plan = read_json(storage, staged(cfg, CHUNKS))
     missing = [c for c in range(len(plan["chunks"])) if not storage.exists(staged(cfg, _done(c)))]
     if missing:
@@ -282,35 +290,60 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
     done = [read_table(storage, staged(cfg, _done(chunk))) for chunk in range(len(plan["chunks"]))]
     if wrong := next((table.columns for table in done if tuple(table.columns) != DONE_FIELDS), None):
         raise BuildError(f"an inspection table has columns {wrong}, expected {DONE_FIELDS}")
-    rows = pl.concat([_carried(cfg, storage, plan), *(table.with_columns(pl.col("number").cast(pl.Int64))
-                                                      for table in done)]).sort("number")
-    rejected = rows.filter(~is_image()).select(REJECTS_FIELDS)
-    write_table(storage, staged(cfg, INSPECT_REJECTS), rejected)
-    write_table(storage, staged(cfg, INSPECTED), rows.select(INSPECTION_FIELDS))
-    summary = {"inspected": len(rows) - len(rejected), "rejected": len(rejected), "files_read": plan["files_to_read"],
-               "bytes_read": plan["bytes_to_read"], "files_reused": plan["files_reused"],
-               "base_version": plan["base_version"], "not_reused_because": plan["not_reused_because"],
-               "chunks": len(plan["chunks"])}
+    rows = pl.concat(done).with_columns(pl.col("number").cast(pl.Int64)).sort("number")
+    carried = read_table(storage, staged(cfg, CARRIED))
+    if tuple(carried.columns) != CARRIED_FIELDS:
+        raise BuildError(f"{staged(cfg, CARRIED)} has columns {carried.columns}, expected {CARRIED_FIELDS}")
+    carried = carried.cast(pl.Int64)
+    base_table, uri = b"", staged(cfg, CARRIED)
+    if carried.height:
+        base = base_of(cfg, storage, plan["base_version"])
+        uri = join(base.uri if base else join(cfg.dataset_uri, str(plan["base_version"])), layout.INSPECTED)
+        base_table = storage.read_bytes(uri)
+        if hashlib.sha256(base_table).hexdigest() != plan["base_inspected_sha256"]:  # (a published one never changes)
+            raise BuildError(f"{uri} is not the table this build's inspection was planned on")
+    header = table_text(rows.clear().select(INSPECTION_FIELDS))
+    text, begins, ends = table_rows(rows.select(INSPECTION_FIELDS))
+    listed = plan["files_listed"]
+    merged = _merged(listed, [(base_table, *(carried[name].to_numpy() for name in CARRIED_FIELDS[:3])),
+                              (text, rows["number"].to_numpy(), begins, ends)])
+    if merged is None:
+        raise BuildError(f"inspection took {carried.height} files over and read {rows.height}, of {listed} "
+                         "listed: its tables do not give each file once")
+    storage.write_bytes(staged(cfg, INSPECTED), header + merged)
+    taken = carried.filter(pl.col("rejected") == 1)  # the rejects taken over, parsed from their rows
+    numbers = taken["number"]
+    taken = read_table(storage, uri, header + b"".join([base_table[begin:end] for begin, end in
+                                                         taken.select("begin", "end").iter_rows()]))
+    rejected = pl.concat([taken.select(*REJECTS_FIELDS, number=numbers),
+                          rows.filter(~is_image()).select(*REJECTS_FIELDS, "number")]).sort("number")
+    write_table(storage, staged(cfg, INSPECT_REJECTS), rejected.select(REJECTS_FIELDS))
+    summary = {"inspected": listed - len(rejected), "rejected": len(rejected),
+               "files_read": plan["files_to_read"], "bytes_read": plan["bytes_to_read"],
+               "files_reused": plan["files_reused"], "base_version": plan["base_version"],
+               "not_reused_because": plan["not_reused_because"], "chunks": len(plan["chunks"])}
     write_json(storage, staged(cfg, INSPECT_SUMMARY), summary)
     return {key: summary[key] for key in ("inspected", "rejected", "files_read", "files_reused")}
 
 
-def _carried(cfg: BuildConfig, storage: Storage, plan: dict[str, Any]) -> pl.DataFrame:
-    """The rows ``plan_inspection`` took over (its ``plan``: ``files_reused`` of them, from ``base_version``), as
-    ``DONE_FIELDS``."""
-    pl = polars()
+def _merged(count: int, parts: list[tuple[bytes, Any, Any, Any]]) -> bytes | None:
+    """The rows of ``parts`` in listing order, as one text: each part a table's text and, for each of its rows, the
+    listing number and where the row begins and ends in it (numpy arrays). None unless the parts give each of
+    ``count`` numbers once. Rows that follow each other in a text are copied as one run of it (a night's rows taken
+    over are a few long runs of the previous version's table)."""
+    import numpy as np
 
-    carried = pl.DataFrame(schema={name: pl.Int64 if name == "number" else pl.String for name in DONE_FIELDS})
-    if plan["files_reused"]:
-        base = base_of(cfg, storage, plan["base_version"])
-        if base is None:
-            raise BuildError(f"inspection took {plan['files_reused']} files over from version {plan['base_version']}, "
-                             "which this build has no base of")
-        carried = carried_inspections(storage, base, _listed(cfg, storage)).select(DONE_FIELDS)
-    if carried.height != plan["files_reused"]:  # (a published version never changes)
-        raise BuildError(f"version {plan['base_version']} gives {carried.height} inspections to take over, its plan "
-                         f"{plan['files_reused']}")
-    return carried
+    numbers = np.concatenate([part[1] for part in parts])
+    if len(numbers) != count or (count and (numbers.min() < 0 or numbers.max() >= count)) or \
+            not (np.bincount(numbers, minlength=count) == 1).all():
+        return None
+    source, begin, end = (np.empty(count, dtype=np.int64) for _ in range(3))
+    for index, (_, at, first, last) in enumerate(parts):
+        source[at], begin[at], end[at] = index, first, last
+    starts = np.flatnonzero(np.r_[True, (source[1:] != source[:-1]) | (begin[1:] != end[:-1])])
+    stops = np.r_[starts[1:], count] - 1  # each run's last row
+    return b"".join([parts[part][0][first:last] for part, first, last in
+                     zip(source[starts].tolist(), begin[starts].tolist(), end[stops].tolist(), strict=True)])
 
 
 def was_read(cfg: BuildConfig, storage: Storage, filename: str) -> bool:

@@ -59,14 +59,20 @@ def table_text(frame: pl.DataFrame, header: bool = True) -> bytes:
     return out.getvalue()
 
 
-def table_rows(frame: pl.DataFrame) -> tuple[bytes, Any]:
-    """``frame``'s rows as ``table_text`` writes them (no header), and the offset where each row begins and ends in
-    them (numpy arrays): a table written once, to be cut into parts at row ends. A quoted field's line breaks are
-    counted (a name holding ``\\n`` is one row of two lines)."""
+def table_rows(frame: pl.DataFrame) -> tuple[bytes, Any, Any]:
+    """``frame``'s rows as ``table_text`` writes them (no header), and where each begins and ends in them
+    (``row_bounds``): a table written once, to be cut into parts at row ends."""
+    text = table_text(frame, header=False)
+    return text, *row_bounds(frame, text)
+
+
+def row_bounds(frame: pl.DataFrame, text: bytes | memoryview) -> tuple[Any, Any]:
+    """The offset where each of ``frame``'s rows begins and ends (numpy arrays) in ``text``, its rows as this package
+    writes tables (no header). A quoted field's line breaks are counted (a name holding ``\\n`` is one row of two
+    lines); a text of another count of lines is a ``BuildError``."""
     import numpy as np
     pl = polars()
 
-    text = table_text(frame, header=False)
     ends = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == ord("\n")) + 1  # each line's end
     if len(ends) != frame.height:  # a field holds line breaks: each row ends at its last line's end
         breaks = frame.select(pl.sum_horizontal(pl.all().cast(pl.String).str.count_matches("\n", literal=True)
@@ -78,7 +84,7 @@ def table_rows(frame: pl.DataFrame) -> tuple[bytes, Any]:
         ends = ends[last_line]
     begins = np.zeros_like(ends)
     begins[1:] = ends[:-1]
-    return text, begins, ends
+    return begins, ends
 
 
 def write_table(storage: Storage, uri: str, frame: pl.DataFrame) -> None:
