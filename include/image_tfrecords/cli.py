@@ -43,6 +43,7 @@ from .published.manifest import Manifest
 from .source import spool
 from .source.preflight import check_locations, check_temp_dir, os_error_line
 from .stages.inspect import INSPECTION_MODULES
+from .stages.write import warm_up
 from .storage import Storage, is_s3, join
 from .storage.tables import polars
 
@@ -155,6 +156,7 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: St
     workers = max(1, workers)
     check_locations(cfg)
     check_temp_dir()
+    warm_up()  # (protobuf's Example parser, which every write process uses: built before they fork, shared)
     with _private_temp_dir() as temp, LeaseKeeper(storage, cfg.staging_uri) as lease, \
             _spooled(cfg, temp, workers), \
             process_pool(workers, start_now=INSPECTION_MODULES) as pool:  # forked before any S3 read (s3_reads)

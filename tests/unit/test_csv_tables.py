@@ -141,3 +141,21 @@ def test_ctrl_c_still_interrupts_a_wait_once_polars_is_imported() -> None:
     result = subprocess.run([sys.executable, "-c", SIGINT_WAIT], capture_output=True, text=True, timeout=60)
     assert result.stdout.startswith("interrupted after "), (result.stdout, result.stderr)
     assert float(result.stdout.split()[-1]) < 2.0, result.stdout
+
+
+def test_rows_of_two_tables_merge_in_listing_order_once_each() -> None:
+    """``inspect._merged``: rows of two texts put in listing order (runs of consecutive rows copied whole), and
+    nothing when a number is missing, given twice or out of range."""
+    import numpy as np
+
+    from image_tfrecords.stages.inspect import _merged
+
+    base, new = b"a\nb\nc\nd\n", b"X\nY\n"
+    ends = lambda text: np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 10) + 1  # noqa: E731
+    parts = [(base, np.array([0, 1, 4, 5]), np.array([0, 2, 4, 6]), ends(base)),
+             (new, np.array([2, 3]), np.array([0, 2]), ends(new))]
+    assert _merged(6, parts) == b"a\nb\nX\nY\nc\nd\n"
+    assert _merged(0, [(b"", np.array([], dtype=np.int64), np.array([]), np.array([]))]) == b""
+    for numbers in ([0, 1, 4, 4], [0, 1, 4, 6], [-1, 1, 4, 5]):  # one twice (and one missing), out of range
+        assert _merged(6, [(base, np.array(numbers), *parts[0][2:]), parts[1]]) is None
+    assert _merged(7, parts) is None  # a file neither read nor taken over

@@ -65,7 +65,7 @@ from .publish import publish_stage
 from .reuse import reuse_shard, reuse_stage
 from .split import split_stage
 from .validate import validate_stage
-from .write import costliest_first, shard_task, warm_up, write_and_check, write_few, write_task
+from .write import costliest_first, shard_task, write_and_check, write_few, write_task
 
 __all__ = [
     "DISCOVERED",
@@ -199,9 +199,6 @@ def run_pipeline(cfg: BuildConfig, storage: Storage, *, pool: Executor | None = 
             if stage.per_image:  # inspection: its passes over the listing, and the reading of files apart
                 seconds["read"] = results[stage.name].pop("read_seconds")
                 seconds[stage.name] = round(seconds[stage.name] - seconds["read"], 3)
-            if stage.per_image and pool is not None:  # the pool idles through the metadata stages: a warm-up each
-                for _ in range(workers):
-                    pool.submit(warm_up)
             if stage.run is plan_stage and pool is not None:  # the card's pass over the rows, beside the writing: with
                 # cores to spare in a process of the pool (on a thread here it would hold validate up: a short write)
                 card_ahead = (pool if workers >= CARD_IN_POOL_WORKERS else beside).submit(card_facts, cfg, storage)

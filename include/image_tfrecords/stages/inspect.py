@@ -334,8 +334,11 @@ def _merged(count: int, parts: list[tuple[bytes, Any, Any, Any]]) -> bytes | Non
     import numpy as np
 
     numbers = np.concatenate([part[1] for part in parts])
-    if len(numbers) != count or (count and (numbers.min() < 0 or numbers.max() >= count)) or \
-            not (np.bincount(numbers, minlength=count) == 1).all():
+    if len(numbers) != count:
+        return None
+    if not count:
+        return b""
+    if numbers.min() < 0 or numbers.max() >= count or not (np.bincount(numbers, minlength=count) == 1).all():
         return None
     source, begin, end = (np.empty(count, dtype=np.int64) for _ in range(3))
     for index, (_, at, first, last) in enumerate(parts):
