@@ -276,9 +276,10 @@ def _published(cfg: BuildConfig, storage: Storage, manifest: Manifest | None) ->
     except (FileNotFoundError, BuildError) as exc:
         log.warning("near-duplicates: %s of version %s unreadable (%s): its records count as new",
                     layout.LABELS, manifest.version, exc)
-        return published.fill_null("")
-    return labels.join(published.select("sha256", "near_group"), on="sha256", how="left", maintain_order="left") \
-        .unique("sha256", keep="first", maintain_order=True).fill_null("")
+        return published.unique("sha256", keep="last", maintain_order=True).fill_null("")
+    return labels.join(published.select("sha256", "near_group").unique("sha256", keep="last"), on="sha256",
+                       how="left", maintain_order="left").unique("sha256", keep="last", maintain_order=True) \
+        .fill_null("")  # (a hash listed twice: its last row, one row each for the joins)
 
 
 def _near_duplicates(cfg: BuildConfig, images: pl.DataFrame, resolver: DuplicateResolver,
