@@ -155,8 +155,9 @@ def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver:
         low = pl.col("reason").is_null() & hit.is_not_null()
         frame = frame.with_columns(reason=pl.when(low).then(pl.lit("low_quality")).otherwise("reason"),
                                    detail=pl.when(low).then(hit).otherwise("detail"))
-    frame = frame.with_columns(split=_splits_of(cfg, frame, placement, published),
-                               near_group=_groups_of(frame, placement, published))
+    before = frame.select("sha256").join(published, on="sha256", how="left", maintain_order="left")
+    frame = frame.with_columns(split=_splits_of(cfg, frame, placement, before["split"]),
+                               near_group=_placed(before["near_group"], placement.group).alias("near_group"))
     names = {labels: sep.join(str(class_ids[n]) for n in labels.split(sep)) if multi else str(class_ids[labels])
              for labels in frame.filter(pl.col("reason").is_null())["label"].unique().to_list()}
     frame = frame.with_columns(label_id=pl.col("label").replace_strict(names, default=None, return_dtype=pl.String))
@@ -175,12 +176,11 @@ def _records(cfg: BuildConfig, storage: Storage, images: pl.DataFrame, resolver:
     return records, frame.filter(pl.col("reason").is_not_null()).select(REJECTS_FIELDS), near
 
 
-def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement, published: pl.DataFrame) -> pl.Series:
-    """Each image's split: its new near-duplicate group's, else its published one, else the split rule's (worked out
-    for those images alone)."""
+def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement, before: pl.Series) -> pl.Series:
+    """Each image's split: its new near-duplicate group's, else its published one (``before``: null or "" for none),
+    else the split rule's (worked out for those images alone)."""
     pl = polars()
 
-    before = frame.select("sha256").join(published, on="sha256", how="left", maintain_order="left")["split"]
     splits = _placed(before, placement.split)
     todo = splits.is_null().arg_true()
     if len(todo):
@@ -190,14 +190,9 @@ def _splits_of(cfg: BuildConfig, frame: pl.DataFrame, placement: Placement, publ
     return splits.alias("split")
 
 
-def _groups_of(frame: pl.DataFrame, placement: Placement, published: pl.DataFrame) -> pl.Series:
-    """Each image's near-duplicate group key: its new group's, else its published one's; null for none."""
-    before = frame.select("sha256").join(published, on="sha256", how="left", maintain_order="left")["near_group"]
-    return _placed(before, placement.group).alias("near_group")
-
-
 def _placed(before: pl.Series, placed: dict[int, str]) -> pl.Series:
-    """``before`` (null or "" for none), with the images that ``placed`` (row number -> value) gives a value."""
+    """Each image's value (its published split or near-duplicate group, ``before``: null or "" for none), or the one
+    ``placed`` (row number -> value: its new group's) gives it; null for none."""
     pl = polars()
 
     values = before.replace("", None)
