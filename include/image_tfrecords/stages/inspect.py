@@ -296,9 +296,8 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         raise BuildError(f"{staged(cfg, CARRIED)} has columns {carried.columns}, expected {CARRIED_FIELDS}")
     carried = carried.cast(pl.Int64)
     base_table, uri = b"", staged(cfg, CARRIED)
-    if carried.height:
-        base = base_of(cfg, storage, plan["base_version"])
-        uri = join(base.uri if base else join(cfg.dataset_uri, str(plan["base_version"])), layout.INSPECTED)
+    if carried.height:  # (the version's table alone: its manifest was read by the plan)
+        uri = join(cfg.dataset_uri, str(plan["base_version"]), layout.INSPECTED)
         base_table = storage.read_bytes(uri)
         if hashlib.sha256(base_table).hexdigest() != plan["base_inspected_sha256"]:  # (a published one never changes)
             raise BuildError(f"{uri} is not the table this build's inspection was planned on")
@@ -312,10 +311,9 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
                          "listed: its tables do not give each file once")
     storage.write_bytes(staged(cfg, INSPECTED), header + merged)
     taken = carried.filter(pl.col("rejected") == 1)  # the rejects taken over, parsed from their rows
-    numbers = taken["number"]
-    taken = read_table(storage, uri, header + b"".join([base_table[begin:end] for begin, end in
-                                                         taken.select("begin", "end").iter_rows()]))
-    rejected = pl.concat([taken.select(*REJECTS_FIELDS, number=numbers),
+    taken_rows = read_table(storage, uri, header + b"".join([base_table[begin:end] for begin, end in
+                                                              taken.select("begin", "end").iter_rows()]))
+    rejected = pl.concat([taken_rows.select(*REJECTS_FIELDS, number=taken["number"]),
                           rows.filter(~is_image()).select(*REJECTS_FIELDS, "number")]).sort("number")
     write_table(storage, staged(cfg, INSPECT_REJECTS), rejected.select(REJECTS_FIELDS))
     summary = {"inspected": listed - len(rejected), "rejected": len(rejected),
