@@ -45,7 +45,7 @@ from .source.preflight import check_locations, check_temp_dir, os_error_line
 from .stages.inspect import INSPECTION_MODULES
 from .stages.write import warm_up
 from .storage import Storage, is_s3, join
-from .storage.tables import polars
+from .storage.tables import arrow, polars
 
 PROG = "image-tfrecords"
 GATE_TRIPPED = 3  # the exit status when the publish gate trips
@@ -160,8 +160,8 @@ def build(cfg: BuildConfig, workers: int = 1, progress: bool = True, storage: St
     with _private_temp_dir() as temp, LeaseKeeper(storage, cfg.staging_uri) as lease, \
             _spooled(cfg, temp, workers), \
             process_pool(workers, start_now=INSPECTION_MODULES) as pool:  # forked before any S3 read (s3_reads)
-        polars()  # (0.2-0.4 s, once: imported here, after the pool forked, like its modules before; the stages
-        # line then times the stages' passes alone)
+        polars(), arrow()  # (0.2-0.4 s, once: imported here, after the pool forked, like its modules before; the
+        # stages line then times the stages' passes alone)
 
         def still_locked() -> None:
             if lease.lost:

@@ -7,6 +7,7 @@ glob of the version folder finds. Each case was seen failing on the code before 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -234,7 +235,7 @@ def test_a_damaged_manifest_never_stops_a_full_build(tmp_path: Path, capsys: pyt
 
 # -- 3, 4. a base that lost its labels.csv, inspected.csv or a shard --------------------------------------
 @pytest.mark.parametrize("lost", ["labels.csv", "inspected.csv", "a rewritten shard", "a reused shard's index",
-                                  "an edited labels.csv", "a ragged inspected.csv",
+                                  "an edited labels.csv", "a labels.csv of other columns", "a ragged inspected.csv",
                                   "an inspected.csv listing a file twice"])
 def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tuple[Storage, str, str | None],  # noqa: F811
                                                            tmp_path: Path) -> None:
@@ -255,6 +256,16 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
         row = next(i for i, line in enumerate(text) if line.rstrip("\n").endswith(",1"))
         text[row] = text[row].rstrip("\n")[:-1] + "2\n"
         storage.write_bytes(join(v1, "labels.csv"), "".join(text).encode())
+    elif lost == "a labels.csv of other columns":  # as another release wrote it (quality left out), and published
+        text = storage.read_text(join(v1, "labels.csv")).splitlines(keepends=True)
+        rows = list(csv.reader(io.StringIO("".join(text), newline="")))
+        drop = rows[0].index("quality")
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([row[:drop] + row[drop + 1:] for row in rows])
+        storage.write_bytes(join(v1, "labels.csv"), out.getvalue().encode())
+        manifest = json.loads(storage.read_bytes(join(v1, "manifest.json")))
+        manifest["labels_sha256"] = hashlib.sha256(out.getvalue().encode()).hexdigest()
+        storage.write_bytes(join(v1, "manifest.json"), json.dumps(manifest).encode())
     elif lost == "a ragged inspected.csv":  # a row with a field too many: not a table this package wrote
         text = storage.read_text(join(v1, "inspected.csv"))
         storage.write_bytes(join(v1, "inspected.csv"), (text + "x.jpg,1,2,extra" + ",x" * 20 + "\n").encode())
@@ -286,6 +297,9 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
         assert v2.build["inspections_not_reused_because"].endswith(" twice")
     elif lost == "an edited labels.csv":
         assert v2.build["full_because"] == "version v1 is damaged: its labels.csv is not the one it published"
+    elif lost == "a labels.csv of other columns":  # (no record to compare with: its rows are not this build's)
+        assert v2.build["mode"] == "full"
+        assert v2.build["full_because"] == "version v1's labels.csv has other columns than this build's"
     else:
         assert v2.build["mode"] == "full"
         assert v2.build["full_because"].startswith("version v1 is damaged: ")

@@ -13,7 +13,7 @@ import pytest
 from image_tfrecords.errors import BuildError
 from image_tfrecords.storage import Storage
 from image_tfrecords.storage.documents import RowWriter, csv_writer, dict_rows, first_column
-from image_tfrecords.storage.tables import read_table, table_rows, table_text
+from image_tfrecords.storage.tables import lines_text, read_table, row_ends, table_lines, table_rows, table_text
 
 ODD_ROWS: list[list[Any]] = [
     ["plain", "row", "3"],
@@ -93,6 +93,36 @@ def test_a_table_cut_at_its_row_ends_gives_each_row(rows: list[list[Any]]) -> No
     for i, row in enumerate(frame.iter_rows()):
         cut = text[int(begins[i]):int(ends[i])].decode()
         assert list(csv.reader(io.StringIO(cut, newline=""))) == [[value or "" for value in row]], cut
+
+
+@pytest.mark.parametrize("block", [1, 3, 1 << 18])
+def test_a_table_as_lines_gives_each_row_as_written(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``table_lines``: the header and each row's text as ``csv`` cuts it (a quoted field's line breaks, quotes
+    and commas inside its row), whatever block ``row_ends`` scans at a time; ``lines_text`` puts rows (a gathered
+    subset, in any order) back together byte for byte."""
+    from image_tfrecords.storage import tables
+
+    monkeypatch.setattr(tables, "ROW_SCAN_BLOCK", block)
+    pl = tables.polars()
+    frame = pl.DataFrame([["" if v is None else str(v) for v in row] for row in ODD_ROWS],
+                         schema=dict.fromkeys("xyz", pl.String), orient="row")
+    data = table_text(frame)
+    header, lines = table_lines("t.csv", data)
+    assert header == b"x,y,z\n" and len(lines) == frame.height
+    for line, row in zip(lines.to_list(), frame.iter_rows(), strict=True):
+        assert list(csv.reader(io.StringIO(line, newline=""))) == [[value or "" for value in row]], line
+    assert header + bytes(lines_text(lines)) == data
+    order = [5, 3, 0, 9]
+    assert bytes(lines_text(lines.gather(order))) == b"".join(lines[i].encode() for i in order)
+    assert row_ends(data).tolist() == [len(header)] + [len(header) + len(b"".join(
+        line.encode() for line in lines.to_list()[:i + 1])) for i in range(len(lines))]
+    assert table_lines("t.csv", b"x,y\n")[1].is_empty() and bytes(lines_text(lines.clear())) == b""
+
+
+@pytest.mark.parametrize("data", [b"", b"x,y\n1,2", b"x,y\n\xff\xfe,2\n"], ids=["empty", "no line end", "not utf-8"])
+def test_a_damaged_table_as_lines_is_a_build_error(data: bytes) -> None:
+    with pytest.raises(BuildError, match=r"t\.csv is not a table this package wrote"):
+        table_lines("t.csv", data)
 
 
 def test_first_column_and_rows_from_a_start_read_what_csv_reads(tmp_path: Path) -> None:

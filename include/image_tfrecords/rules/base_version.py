@@ -13,7 +13,7 @@ older than it). A build reuses
   ``effect`` in ``options.REBUILDS``: image options, columns, splits, salt, shard size, compression...).
 
 ``--full`` (CLI) or ``full_rebuild`` (DAG) turns both off. Lookups are polars joins of the tables on the keys'
-text (name, size and stamp; every record field), which hold both tables in memory (about 300 bytes a row).
+text (name, size and stamp; a record's whole row), which hold both tables in memory (about 300 bytes a row).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..storage import Storage, join
-from ..storage.tables import polars, read_table, row_bounds
+from ..storage.tables import polars, read_table, row_ends, table_lines
 
 if TYPE_CHECKING:
     import polars as pl
@@ -129,11 +129,13 @@ def recorded(manifest: Manifest, name: str) -> Any:
     return manifest.params.get(name, default(name)) if manifest.params else None
 
 
-def missing_base_files(storage: Storage, base: Base) -> tuple[str, bytes]:
+def missing_base_files(storage: Storage, base: Base, header: bytes) -> tuple[str, bytes]:
     """What the base lacks of the files an incremental build reads (its labels.csv, any shard or ``.tfindex`` its
     manifest lists), as one phrase (``""`` when it has them all: one listing), and its labels.csv's bytes, read
     once for ``base_records``. A labels.csv that does not hash to the SHA-256 its manifest gives (none before
-    0.5.0) is damaged too: the places of its records, which splicing trusts, must be the published ones."""
+    0.5.0) is damaged too: the places of its records, which splicing trusts, must be the published ones. One of
+    other columns than this build's (``header``, its labels.csv's first line: a release that wrote others, or
+    other declared columns) gives no record to compare with: the version is built in full."""
     files = set(storage.list_children(base.uri)[1])
     needed = [layout.LABELS] + [name for file in base.manifest.shard_files for name in (file, layout.index_file(file))]
     missing = [name for name in needed if name not in files]
@@ -143,57 +145,62 @@ def missing_base_files(storage: Storage, base: Base) -> tuple[str, bytes]:
     labels = storage.read_bytes(join(base.uri, layout.LABELS))
     if (want := base.manifest.labels_sha256) and hashlib.sha256(labels).hexdigest() != want:
         return f"version {base.version} is damaged: its {layout.LABELS} is not the one it published", b""
+    if not labels.startswith(header):
+        return f"version {base.version}'s {layout.LABELS} has other columns than this build's", b""
     return "", labels
 
 
 def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     """The base's inspections of the files listed (``listed``: discovered.csv with each row's ``number``) whose name,
-    size and stamp are unchanged, as ``number``, ``label`` (the listing's), the base's ``INSPECTION_FIELDS`` and
-    where the row begins and ends in the base's inspected.csv (``begin``, ``end``: byte offsets), in listing order;
-    and that table's SHA-256. A file without a stamp (nothing proves it unchanged) and a ``RETRIED_REASONS`` reject
+    size and stamp are unchanged, as ``number``, the base's ``reason`` and ``detail`` (null for an image) and where
+    the row begins and ends in the base's inspected.csv (``begin``, ``end``: byte offsets), in listing order; and
+    that table's SHA-256. A file without a stamp (nothing proves it unchanged) and a ``RETRIED_REASONS`` reject
     (its inspection said nothing of its content) take nothing over; nor does a base inspected.csv of other columns.
-    A base inspected.csv that lists a file twice, or that this package did not write, is damaged (``BuildError``)."""
+    A base inspected.csv that lists a file twice, or that this package did not write, is damaged (``BuildError``).
+    Each row's place comes from ``row_ends``."""
     pl = polars()
 
     uri = join(base.uri, layout.INSPECTED)
     data = storage.read_bytes(uri)
-    known = read_table(storage, uri, data)
+    known = read_table(storage, uri, data)  # (every column: a ragged row is found here, and is damage)
     key = ["filename", "num_bytes", "stamp"]
     if tuple(known.columns) != INSPECTION_FIELDS:  # not this release's columns: read nothing of it
         known = pl.DataFrame(schema={**dict.fromkeys(INSPECTION_FIELDS, pl.String), "begin": pl.Int64,
                                      "end": pl.Int64})
     else:
-        start = data.find(b"\n") + 1
-        try:
-            begins, ends = row_bounds(known, memoryview(data)[start:])
-        except BuildError as exc:
-            raise BuildError(f"{uri} is not a table this package wrote: {exc}") from exc
-        known = known.with_columns(begin=pl.Series(begins + start), end=pl.Series(ends + start))
+        ends = row_ends(data)  # (the header's end first)
+        if len(ends) != known.height + 1 or ends[-1] != len(data):
+            raise BuildError(f"{uri} is not a table this package wrote: {known.height} rows in {len(ends) - 1}")
+        known = known.with_columns(begin=pl.Series(ends[:-1]), end=pl.Series(ends[1:]))
     known = known.filter(~pl.col("reason").is_in(RETRIED_REASONS).fill_null(False))
-    carried = listed.filter(pl.col("stamp").is_not_null()).select("number", "label", *key) \
+    carried = listed.filter(pl.col("stamp").is_not_null()).select("number", *key) \
         .join(known, on="filename", how="inner", maintain_order="left", suffix="\0base") \
         .filter((pl.col("num_bytes") == pl.col("num_bytes\0base")) & (pl.col("stamp") == pl.col("stamp\0base")))
     # (in listing order, the number's; joined on the name and then compared: cheaper than a join on all three)
     if (twice := carried.filter(pl.col("number").is_duplicated())).height:
         raise BuildError(f"{uri} lists {twice['filename'][0]!r} twice")
-    return carried.select("number", "label", *INSPECTION_FIELDS, "begin", "end"), hashlib.sha256(data).hexdigest()
+    return carried.select("number", "reason", "detail", "begin", "end"), hashlib.sha256(data).hexdigest()
 
 
-def base_records(storage: Storage, base: Base, fields: tuple[str, ...], labels: bytes
-                 ) -> tuple[pl.DataFrame, list[str]]:
-    """The records the base holds, to join a build's records with (``stages.plan``): its labels.csv's (``labels``,
-    read by ``missing_base_files``) record
-    fields (``fields``, the build's; a field its labels.csv lacks, from an older release, is null: such a field
-    was empty then), and ``found``, each record's shard (a number into the list returned with it) and place in
-    it, packed in one int (``shard << 32 | place + 1``; place 0: the base's labels.csv does not give it). Equal
-    fields mean byte-identical records (under the same image options)."""
+def base_records(storage: Storage, base: Base, labels: bytes) -> tuple[pl.DataFrame, list[str]]:
+    """The records the base holds, to join a build's records with (``stages.plan``): from its labels.csv (``labels``,
+    read and checked by ``missing_base_files``: this build's columns), each row's text without its shard and place
+    (``key``: a record of the build whose records.csv row is that text is byte-identical), and ``found``, its shard
+    (a number into the list returned with it) and place in it, packed in one int (``shard << 32 | place + 1``;
+    place 0: the row does not give it). A row that does not end in its shard and place as this package writes them
+    keeps its line end in its key, and matches nothing (no records.csv row, its line end left out, ends in one)."""
     pl = polars()
 
-    table = read_table(storage, join(base.uri, layout.LABELS), labels)
-    table = table.with_columns(shard=pl.col("shard").fill_null("") if "shard" in table.columns else pl.lit(""))
-    shards = table["shard"].unique(maintain_order=True).to_list()
-    number = pl.col("shard").replace_strict(shards, list(range(len(shards))), return_dtype=pl.Int64)
-    place = pl.col("shard_position").cast(pl.Int64) + 1 if "shard_position" in table.columns else pl.lit(None)
-    return table.select(*(pl.col(name) if name in table.columns else pl.lit(None, dtype=pl.String).alias(name)
-                          for name in fields),
-                        found=number * (1 << 32) + place.fill_null(0)), shards
+    uri = join(base.uri, layout.LABELS)
+    _, lines = table_lines(uri, labels)
+    places = read_table(storage, uri, labels, columns=["shard", "shard_position"])
+    if places.height != len(lines):
+        raise BuildError(f"{uri} is not a table this package wrote: {places.height} rows in {len(lines)}")
+    shard, place = places["shard"].fill_null(""), places["shard_position"]
+    shards = shard.unique(maintain_order=True).to_list()
+    end = pl.concat_str(pl.lit(","), "shard", pl.lit(","), pl.col("place").fill_null(""), pl.lit("\n"))
+    line = pl.col("line")
+    return pl.DataFrame([lines, shard, place.alias("place")]).select(
+        key=line.str.strip_suffix(end),  # (one that does not end so keeps its line end: it matches no record's row)
+        found=pl.col("shard").replace_strict(shards, list(range(len(shards))), return_dtype=pl.Int64) * (1 << 32)
+        + (pl.col("place").cast(pl.Int64) + 1).fill_null(0)), shards

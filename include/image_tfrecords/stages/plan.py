@@ -43,7 +43,7 @@ from ..rules.splits import unit_points
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
 from ..storage.documents import csv_writer, read_json, write_json
-from ..storage.tables import polars, read_table, table_rows
+from ..storage.tables import lines_text, polars, read_table, table_lines, table_text
 
 if TYPE_CHECKING:
     import polars as pl
@@ -78,17 +78,16 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
     summary = read_json(storage, staged(cfg, SPLIT_SUMMARY))
     base = base_of(cfg, storage, summary["previous_version"])
     why_full = why_not_reuse_shards(cfg, base, schema_of(cfg, bool(summary.get("multi_label"))))
+    header = labels_header(cfg).encode()
     labels = b""  # the base's labels.csv, read once: checked, then joined with
     if base is not None and not why_full:
-        why_full, labels = missing_base_files(storage, base)
+        why_full, labels = missing_base_files(storage, base, header)
         if why_full:
             log.warning("%s: this version is built in full instead of on it", why_full)
     splits = list(summary["splits"])
-    fields = record_fields(cfg)
-    known, base_files = base_records(storage, base, fields, labels) if base is not None and not why_full \
-        else (None, [])
+    known, base_files = base_records(storage, base, labels) if base is not None and not why_full else (None, [])
     del labels
-    table, records, found = _records(cfg, storage, splits, fields, known)
+    lines, records, found = _records(cfg, storage, splits, known)
     del known  # (the base's table, not held while the members are written)
     full_count = sum(planning.shard_count(int(sizes_of.sum()), len(sizes_of), cfg.shard_size_mb)
                      for sizes_of in (records[1][records[2] == i] for i in range(len(splits))))
@@ -101,7 +100,7 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
             layout = None
     if layout is None:
         layout = _full(cfg, splits, records)
-    _write_members(cfg, storage, layout, table)
+    _write_members(cfg, storage, layout, lines, header)
     to_write = [f for f in layout.all_files if f not in layout.reuse]
     tasks = planning.group_tasks(to_write, max_tasks)
     files = layout.all_files
@@ -120,30 +119,35 @@ def plan_stage(cfg: BuildConfig, storage: Storage, max_tasks: int = MAX_MAP_LENG
             "records_to_write": int(sum(counts[i] for i, f in enumerate(files) if f not in layout.reuse))}
 
 
-def _records(cfg: BuildConfig, storage: Storage, splits: list[str], fields: tuple[str, ...],
-             known: pl.DataFrame | None) -> tuple[pl.DataFrame, tuple[Any, Any, Any], Any]:
-    """The staged records (records.csv), and each one's content hash (a Series), size and split number (numpy
-    arrays), and where the base holds it unchanged (``known``: ``base_records``: its packed shard and place; -1 for
-    none, and everywhere without a base): a join on every record field."""
+def _records(cfg: BuildConfig, storage: Storage, splits: list[str], known: pl.DataFrame | None
+             ) -> tuple[pl.Series, tuple[Any, Any, Any], Any]:
+    """The staged records (records.csv) as each one's row text (``table_lines``), and each one's content hash (a
+    Series), size and split number (numpy arrays), and where the base holds it unchanged (``known``:
+    ``base_records``: its packed shard and place; -1 for none, and everywhere without a base): a join on the row's
+    text (equal text, equal fields). Of the fields, those planning needs are read alone."""
     import numpy as np
     pl = polars()
 
-    uri = staged(cfg, RECORDS)
-    table = read_table(storage, uri)
-    if tuple(table.columns) != fields:
-        raise BuildError(f"{uri} has columns {table.columns}, expected {fields}")
+    uri, fields = staged(cfg, RECORDS), record_fields(cfg)
+    data = storage.read_bytes(uri)
+    header, lines = table_lines(uri, data)
+    if header != table_text(pl.DataFrame(schema=dict.fromkeys(fields, pl.String))):
+        raise BuildError(f"{uri} has the header {header!r}, expected the columns {fields}")
+    table = read_table(storage, uri, data, columns=["sha256", "split", "format", "width", "height", "channels",
+                                                     "encoded_bytes"])
+    if table.height != len(lines):
+        raise BuildError(f"{uri} is not a table this package wrote: {table.height} rows in {len(lines)}")
+    del data
     sizes = planned_sizes(table, cfg.jpeg_quality, uri)
     split_of = table["split"].replace_strict(splits, list(range(len(splits))), default=-1, return_dtype=pl.Int8)
     if (split_of < 0).any():
         raise BuildError(f"{uri} names a split that is not one of {splits}: {table['split'][split_of.arg_min()]!r}")
     found = np.full(len(table), -1, dtype=np.int64)
-    if known is not None:  # joined on name and content, then every other field compared (cheaper than a join on all)
-        joined = table.select(fields).with_row_index("row").join(known, on=["filename", "sha256"], how="inner",
-                                                                 nulls_equal=True, suffix="\0base")
-        others = [name for name in fields if name not in ("filename", "sha256")]  # (a suffix no column name holds)
-        joined = joined.filter(pl.all_horizontal(pl.col(name).eq_missing(pl.col(f"{name}\0base")) for name in others))
+    if known is not None:
+        rows = pl.DataFrame({"key": lines.str.head(-1)}).with_row_index("row")  # (the row without its line end)
+        joined = rows.join(known, on="key", how="inner")
         found[joined["row"].to_numpy()] = joined["found"].to_numpy()
-    return table, (table["sha256"].fill_null(""), sizes, split_of.to_numpy()), found
+    return lines, (table["sha256"].fill_null(""), sizes, split_of.to_numpy()), found
 
 
 def _order_keys(cfg: BuildConfig, shas: pl.Series, rows: Any = None) -> Any:
@@ -206,17 +210,21 @@ def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple
     layout.base_position[in_base] = (found[in_base] & 0xFFFFFFFF) - 1
     layout.keys = keys = _order_keys(cfg, shas, np.flatnonzero(layout.base_position < 0))
     kept = np.bincount(origin[in_base], minlength=len(base_shards))
+    held = np.bincount(origin[in_base], weights=sizes[in_base], minlength=len(base_shards))  # bytes each keeps
+    # (a record the base holds unchanged has its split: the base shard's)
+    by_origin = np.argsort(origin, kind="stable")  # row numbers by base shard, in order within each
+    first_of = np.searchsorted(origin[by_origin], np.arange(-1, len(base_shards) + 1))
+    kept_rows = [by_origin[first_of[b + 1]:first_of[b + 2]] for b in range(len(base_shards))]
     target = cfg.shard_size_mb * planning.MB
     for i, split in enumerate(splits):
         rows = np.flatnonzero(split_of == i)
         mine = [(b, s) for b, (name, s) in enumerate(base_shards) if name == split and kept[b]]
-        held = {b: int(sizes[rows[origin[rows] == b]].sum()) for b, _ in mine}  # bytes each keeps
         fresh = rows[origin[rows] < 0]
         fresh = fresh[np.lexsort((fresh, keys[fresh]))]  # in order key order (then row number)
-        tail = min((b for b, _ in mine if held[b] < target), key=lambda b: (held[b], b), default=None)
+        tail = min((b for b, _ in mine if held[b] < target), key=lambda b: (int(held[b]), b), default=None)
         into_tail = 0
         if tail is not None and len(fresh):
-            room = target - held[tail]
+            room = target - int(held[tail])
             into_tail = int(np.searchsorted(np.cumsum(sizes[fresh]), room, side="right"))
         appended, fresh = fresh[:into_tail], fresh[into_tail:]
         new = planning.shard_count(int(sizes[fresh].sum()), len(fresh), cfg.shard_size_mb)
@@ -229,11 +237,11 @@ def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple
             if kept[b] == shard.num_records and not (b == tail and len(appended)):
                 layout.reuse[names[j]] = source
             else:
-                places = np.sort(layout.base_position[rows[origin[rows] == b]])
+                places = np.sort(layout.base_position[kept_rows[b]])
                 # None: no places, no splice
                 runs = planning.runs_of(places) if len(places) and places[0] >= 0 else None
                 layout.rewrite[names[j]] = {**source, "appended": len(appended) if b == tail else 0, "runs": runs}
-            layout.shard_of[rows[origin[rows] == b]] = len(layout.all_files) + j
+            layout.shard_of[kept_rows[b]] = len(layout.all_files) + j
             if b == tail:
                 layout.shard_of[appended] = len(layout.all_files) + j
                 layout.appended[appended] = True
@@ -242,10 +250,11 @@ def _incremental(cfg: BuildConfig, base: Base, splits: list[str], records: tuple
     return layout
 
 
-def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: pl.DataFrame) -> None:
-    """Stage labels.csv (each record's row, shard and place in it) and each shard's members
-    (``members/{shard}.csv``: its rows in record order: by order key, then row number; a rewritten
-    shard's kept records in the base shard's order, then its appended ones)."""
+def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, lines: pl.Series, header: bytes) -> None:
+    """Stage labels.csv (each record's row, ``lines``: records.csv's, with its shard and place in it; ``header``) and
+    each shard's members (``members/{shard}.csv``: its rows in record order: by order key, then row number; a
+    rewritten shard's kept records in the base shard's order, then its appended ones): the rows made once, as
+    text, and cut."""
     import numpy as np
     pl = polars()
 
@@ -256,18 +265,19 @@ def _write_members(cfg: BuildConfig, storage: Storage, layout: Layout, records: 
     starts = np.searchsorted(in_order, np.arange(len(files) + 1))  # shard -> its first entry in ``order``
     position = np.empty(count, dtype=np.int64)  # row number -> its place in its shard
     position[order] = np.arange(count) - starts[:-1][in_order]
-    labels = records.with_columns(shard=pl.Series(files, dtype=pl.String).gather(layout.shard_of) if count else
-                                  pl.lit(None, dtype=pl.String),
-                                  shard_position=pl.Series(position).cast(pl.String))
-    header = labels_header(cfg).encode()
-    text, begins, ends = table_rows(labels)  # written once: labels.csv, and cut into the shards' members
-    storage.write_bytes(staged(cfg, LABELS), header + text)
-    for shard, name in enumerate(files):
-        rows = order[starts[shard]:starts[shard + 1]]
-        if not len(rows):
+    shard = pl.Series(files, dtype=pl.String).gather(layout.shard_of) if count else pl.Series([], dtype=pl.String)
+    rows = pl.DataFrame({"line": lines, "shard": shard, "place": pl.Series(position).cast(pl.String)}).select(
+        pl.concat_str(pl.col("line").str.head(-1), pl.lit(","), "shard", pl.lit(","), "place", pl.lit("\n"))
+    ).to_series()
+    storage.write_bytes(staged(cfg, LABELS), header + lines_text(rows))
+    rows = rows.gather(order)  # (in shard order: each shard's members one run of the text)
+    text = lines_text(rows)
+    ends = np.concatenate([[0], np.cumsum(rows.str.len_bytes().to_numpy(), dtype=np.int64)])
+    for index, name in enumerate(files):
+        first, last = int(ends[starts[index]]), int(ends[starts[index + 1]])
+        if first == last:
             continue  # an empty split has no shards; a planned shard always has members
-        storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"), header + b"".join(
-            [text[begin:end] for begin, end in zip(begins[rows].tolist(), ends[rows].tolist(), strict=True)]))
+        storage.write_bytes(staged(cfg, MEMBERS, name + ".csv"), header + text[first:last])
 
 
 def labels_header(cfg: BuildConfig) -> str:

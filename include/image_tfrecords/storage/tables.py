@@ -34,6 +34,15 @@ def polars() -> ModuleType:
     return pl
 
 
+@functools.cache
+def arrow() -> ModuleType:
+    """The pyarrow module (``table_lines`` hands polars a table's rows through Arrow), imported on first use: about
+    35 ms, which the tasks that never cut a table into rows do not pay."""
+    import pyarrow
+
+    return pyarrow
+
+
 def read_table(storage: Storage, uri: str, data: bytes | None = None, columns: list[str] | None = None
                ) -> pl.DataFrame:
     """The table at ``uri`` (or its bytes ``data``, read already), every column text (``columns``: those alone,
@@ -63,28 +72,86 @@ def table_rows(frame: pl.DataFrame) -> tuple[bytes, Any, Any]:
     """``frame``'s rows as ``table_text`` writes them (no header), and where each begins and ends in them
     (``row_bounds``): a table written once, to be cut into parts at row ends."""
     text = table_text(frame, header=False)
-    return text, *row_bounds(frame, text)
+    begins, ends = row_bounds(text)
+    if len(ends) != frame.height:
+        raise BuildError(f"a table of {frame.height} rows was written as {len(ends)}")
+    return text, begins, ends
 
 
-def row_bounds(frame: pl.DataFrame, text: bytes | memoryview) -> tuple[Any, Any]:
-    """The offset where each of ``frame``'s rows begins and ends (numpy arrays) in ``text``, its rows as this package
-    writes tables (no header). A quoted field's line breaks are counted (a name holding ``\\n`` is one row of two
-    lines); a text of another count of lines is a ``BuildError``."""
+ROW_SCAN_BLOCK = 1 << 18  # bytes a step of ``row_ends`` compares (its temporaries stay small: no 25 MB arrays)
+
+
+def row_ends(text: bytes | memoryview) -> Any:
+    """The offset just past each row of ``text`` (a numpy int64 array), rows as this package writes tables: a row ends
+    at a ``\\n`` outside quotes (a quote opens or closes a quoted field, an escaped one ``""`` does both), so a
+    quoted field's line breaks stay inside its row. numpy over the bytes, a block at a time, whatever the fields
+    hold."""
     import numpy as np
-    pl = polars()
 
-    ends = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == ord("\n")) + 1  # each line's end
-    if len(ends) != frame.height:  # a field holds line breaks: each row ends at its last line's end
-        breaks = frame.select(pl.sum_horizontal(pl.all().cast(pl.String).str.count_matches("\n", literal=True)
-                                                .fill_null(0))).to_series().to_numpy()
-        last_line = np.cumsum(1 + breaks, dtype=np.int64) - 1
-        if len(ends) != frame.height + int(breaks.sum()):
-            raise BuildError(f"a table of {frame.height} rows was written as {len(ends)} lines, "
-                             f"expected {frame.height + int(breaks.sum())}")
-        ends = ends[last_line]
+    data = np.frombuffer(text, dtype=np.uint8)
+    breaks, quotes = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    for start in range(0, len(data), ROW_SCAN_BLOCK):
+        block = data[start:start + ROW_SCAN_BLOCK]
+        breaks.append(np.flatnonzero(block == ord("\n")) + start)
+        quotes.append(np.flatnonzero(block == ord('"')) + start)
+    ends, quoted = np.concatenate(breaks), np.concatenate(quotes)
+    if len(quoted):  # (an even count of quotes before a line break: outside quotes)
+        ends = ends[np.searchsorted(quoted, ends) % 2 == 0]
+    return ends + 1
+
+
+def row_bounds(text: bytes | memoryview) -> tuple[Any, Any]:
+    """Where each row of ``text`` (``row_ends``) begins and ends: two numpy arrays of offsets."""
+    import numpy as np
+
+    ends = row_ends(text)
     begins = np.zeros_like(ends)
     begins[1:] = ends[:-1]
     return begins, ends
+
+
+def table_lines(uri: str, data: bytes) -> tuple[bytes, pl.Series]:
+    """A table's header line and each row's text (``\\n`` included, quoting as written: a row as it is in ``data``)
+    as a polars String Series, cut at ``row_ends`` (the bytes are handed to Arrow as they are, not copied row by
+    row). A table with no header, or text that is not UTF-8, is a ``BuildError`` naming ``uri``."""
+    import numpy as np
+
+    pl, pa = polars(), arrow()
+    ends = row_ends(data)
+    if not len(ends) or len(data) != ends[-1]:
+        raise BuildError(f"{uri} is not a table this package wrote: no header, or its last row has no line end")
+    offsets = np.concatenate([[0], ends[1:] - ends[0]])  # (each row's start from the first row's, then the end)
+    body = memoryview(data)[int(ends[0]):]
+    rows = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1,
+                                            [None, pa.py_buffer(offsets), pa.py_buffer(body)])
+    try:
+        lines = pl.Series(_ArrowArray(rows)).cast(pl.String).alias("line")
+    except pl.exceptions.PolarsError as exc:
+        raise BuildError(f"{uri} is not a table this package wrote: {str(exc).strip().splitlines()[0]}") from exc
+    return data[: int(ends[0])], lines
+
+
+class _ArrowArray:
+    """An Arrow array handed to polars through the Arrow PyCapsule interface: polars' path for a pyarrow array
+    would import ``pyarrow.compute`` (about 50 ms, once per process) to do the same."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> Any:
+        return self.array.__arrow_c_array__(requested_schema)
+
+
+def lines_text(lines: pl.Series) -> memoryview:
+    """The rows of ``lines`` (each with its line end: ``table_lines``) as one text, without a copy of each row."""
+    import numpy as np
+
+    rows = lines.to_arrow(compat_level=polars().CompatLevel.oldest())  # (large_string: offsets and one data buffer)
+    if not len(rows):
+        return memoryview(b"")
+    _, offsets, data = rows.buffers()
+    at = np.frombuffer(offsets, dtype=np.int64, count=len(rows) + 1, offset=rows.offset * 8)
+    return memoryview(data)[int(at[0]):int(at[-1])]
 
 
 def write_table(storage: Storage, uri: str, frame: pl.DataFrame) -> None:
