@@ -20,9 +20,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from image_tfrecords.card import render as card_render
-from image_tfrecords.card.label_table import rows_table, scan_table
 from image_tfrecords.card.sections import PreviousVersion, build_card
-from image_tfrecords.card.stats import SCAN_FILE, LabelScan
 from image_tfrecords.records.schema import LABELS_FIELDS, feature_spec
 from tests.support import run_cli
 
@@ -85,7 +83,7 @@ def render(manifest: dict[str, Any], rows: list[Row], images: dict[str, bytes], 
            previous: PreviousVersion | None = None,
            fetch: Callable[[Row], bytes | None] | None = None) -> dict[str, bytes]:
     return build_card(manifest, lambda: iter(rows), lambda: iter(rejects), previous,
-                      fetch or (lambda row: images.get(row["filename"])), labels_sha256="a" * 64)
+                      fetch or (lambda row: images.get(row["filename"])))
 
 
 def md_table(md: str, heading: str, nth: int = 0) -> tuple[list[str], list[list[str]]]:
@@ -206,28 +204,8 @@ def test_output_is_deterministic_and_independent_of_row_order() -> None:
     shuffled, rejects = rows[:], REJECTS[::-1]
     random.Random(1).shuffle(shuffled)
     again = render(manifest, shuffled, images, rejects, previous=previous)
-    assert list(again) == list(first)
-    for key in first:  # the saved scan follows labels.csv's rows (its hashes are in row order)
-        if key != SCAN_FILE:
-            assert again[key] == first[key], key
-    assert render(manifest, rows, images, previous=previous)[SCAN_FILE] == first[SCAN_FILE]
-
-
-def test_the_saved_scan_stands_for_a_rescan_of_the_same_labels() -> None:
-    """A version's card saves its labels scan; the next card uses it in place of scanning that labels.csv
-    again, and says the same; a scan of other labels (another SHA-256) is not used."""
-    rows, images = make_dataset({"cats": 9, "dogs": 7}, CLASSES)
-    old_rows = [*rows[:6], {**rows[6], "sha256": "f" * 64}]  # a changed image
-    old_manifest = make_manifest(old_rows, CLASSES, "v1")
-    saved = render(old_manifest, old_rows, images)[SCAN_FILE]
-    scan = LabelScan.load(saved, "a" * 64)
-    assert scan is not None and LabelScan.load(saved, "b" * 64) is None and LabelScan.load(b"junk", "a" * 64) is None
-    assert scan.records == scan_table(rows_table(old_rows)).records
-    manifest = make_manifest(rows, CLASSES)
-    rescanned = render(manifest, rows, images, previous=PreviousVersion(old_manifest, lambda: iter(old_rows)))
-    reused = render(manifest, rows, images, previous=PreviousVersion(old_manifest, lambda: iter(old_rows), scan))
-    assert reused == rescanned
-    assert "changed" in reused["card.md"].decode()
+    assert again == first
+    assert render(manifest, rows, images, previous=previous) == first
 
 
 def test_samples_are_the_smallest_sha_rows_of_each_class() -> None:
@@ -405,8 +383,7 @@ def test_multi_label_counts_each_class_of_a_record(sep: str) -> None:
         assert out[f"card/samples/class-{cid:05d}.png"] == card_render.thumbnail_strip(thumbs)
     decode_png(out["card/records.png"])
     reversed_rows = render(multi_label_manifest(rows, sep), rows[::-1], images)  # independent of the row order
-    del reversed_rows[SCAN_FILE]  # the saved scan follows the rows' order
-    assert reversed_rows == {k: v for k, v in out.items() if k != SCAN_FILE}
+    assert reversed_rows == out
     assert_self_contained(out)
 
 
@@ -564,7 +541,8 @@ def test_a_card_made_beside_the_writing_is_the_card_made_after_it(two_builds: tu
     after, beside = dataset / "v2", tmp_path / "out" / "shapes" / "v2"
     files = sorted(str(p.relative_to(after)) for p in after.rglob("*") if p.is_file() and (
         p.name.startswith("card.") or "card" in p.relative_to(after).parts[:1]))
-    assert {"card.md", "card.html", "card/labels-scan.bin"} <= set(files) and any(f.endswith(".png") for f in files)
+    assert {"card.md", "card.html"} <= set(files) and any(f.endswith(".png") for f in files)
+    assert not [f for f in files if f.endswith(".bin")]  # nothing private: what the card shows, and its pictures
     assert "## Changes since the previous version" in (after / "card.md").read_text()
     for name in files:  # the same but for where each was published (the card's "Load this version" names it)
         assert (beside / name).read_bytes().replace(str(tmp_path / "out").encode(), b"DEST") == \
@@ -603,7 +581,7 @@ def test_the_cards_pass_over_a_staged_night_reads_labels_csv_and_keeps_no_copy_o
                           PreviousVersion(read_manifest(base), csv_rows(base / "labels.csv")), near)
     assert facts_key(facts) == facts_key(by_rows)
     assert not [p for p in root.rglob("*") if p.is_file() and p.name.startswith("card")]  # nothing staged for it
-    assert not (base / "card" / "label-rows.bin").exists() and (base / "card" / "labels-scan.bin").exists()
+    assert not [p for p in (base / "card").rglob("*.bin")]  # no saved scan: the card read v1's labels.csv
 
 
 def test_card_of_a_real_build(two_builds: tuple[Path, Path], sample_dir: Path) -> None:

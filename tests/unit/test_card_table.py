@@ -6,7 +6,6 @@ and a table it cannot read fails, naming what is wrong."""
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import random
 from collections import Counter
@@ -24,6 +23,7 @@ from image_tfrecords.images.quality import FLAGS
 from image_tfrecords.stages.card import _Rows
 from image_tfrecords.storage import Storage
 from image_tfrecords.storage.documents import csv_writer
+from image_tfrecords.storage.tables import polars
 from tests.pipeline.test_card import REJECTS, make_manifest
 
 Row = dict[str, str]
@@ -73,7 +73,8 @@ def _write(path: Path, rows: list[Row]) -> str:
 
 
 def _hash8(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=8).digest()
+    """The card's 8-byte hash of one text (polars' own, with the card's seed), made alone."""
+    return polars().Series([text]).hash(seed=0x5EED).to_numpy().astype("<u8").tobytes()
 
 
 def _classes(row: Row, separator: str | None) -> list[tuple[int, str]]:
@@ -133,7 +134,9 @@ def _reference(rows: list[Row], separator: str | None, keep: int = 12, shown: in
 def facts_key(facts: LabelFacts) -> tuple[Any, ...]:
     """All ``scan_labels`` learnt (its scan, picks, quality, near-duplicate rows, diff), to compare two passes."""
     quality = facts.quality
-    return (facts.scan.dump("x"), list(facts.scan.counts.items()), list(facts.scan.records.items()),
+    scan = facts.scan
+    return (bytes(scan.names), bytes(scan.contents), bytes(scan.labelsets), scan.hashed_labelsets,
+            sorted(scan.sizes.items()), list(facts.scan.counts.items()), list(facts.scan.records.items()),
             list(facts.scan.ids.items()),
             {cid: [(key, sorted(row.items())) for key, row in picks.items]
              for cid, picks in facts.picker.by_class.items()},
@@ -201,8 +204,7 @@ def test_a_card_of_odd_names_read_from_its_file_is_the_card_of_its_rows(tmp_path
         facts = scan_labels(None, len(classes), labels, lambda: iter(REJECTS), previous)
         assert facts.diff is not None and facts.diff.changed == 1 and facts.diff.removed == len(old_rows[::40])
         assert new_rows[3]["filename"] in facts.diff.examples["changed"]
-        return build_card(manifest, labels, lambda: iter(REJECTS), previous, lambda _row: None,
-                          labels_sha256="a" * 64, facts=facts)
+        return build_card(manifest, labels, lambda: iter(REJECTS), previous, lambda _row: None, facts=facts)
 
     from_files = card(_Rows(storage, _write(tmp_path / "labels.csv", new_rows)),
                       _Rows(storage, _write(tmp_path / "old.csv", old_rows)))

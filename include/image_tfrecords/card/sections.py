@@ -34,7 +34,6 @@ from .stats import (
     PAIR_CLASSES,
     REJECT_EXAMPLES,
     SAMPLES,
-    SCAN_FILE,
     STRIPS_FILE,
     Diff,
     LabelScan,
@@ -65,7 +64,6 @@ class PreviousVersion:
 
     manifest: Manifest | dict[str, Any]
     labels: Callable[[], Iterable[dict[str, str]]]
-    scan: LabelScan | None = None  # its labels.csv's scan, as its card saved it (None: scan labels again)
 
 
 # -- the card ------------------------------------------------------------------------------------------
@@ -473,7 +471,7 @@ def scan_labels(separator: str | None, classes: int, labels: Callable[[], Iterab
     """The card's pass over labels.csv (the costly part of a card: the command line runs it beside the writing of
     the shards, before the manifest exists) for a version with ``classes`` classes and ``separator``: one pass
     over its columns (``label_table.scan_table``), whatever its file names hold."""
-    from .label_table import file_names, label_table, names_at, scan_table
+    from .label_table import REQUIRED, label_table, names_at, scan_table
 
     old_manifest = as_manifest(previous.manifest) if previous is not None else None
     old_separator = separator_of(old_manifest) if old_manifest is not None else None
@@ -487,22 +485,16 @@ def scan_labels(separator: str | None, classes: int, labels: Callable[[], Iterab
     facts = LabelFacts(separator, classes, old_manifest.version if old_manifest is not None else None, scan,
                        picker, quality, near, scan_rejects(rejects()))
     if previous is not None and old_manifest is not None:
-        old, old_table = previous.scan, None
-        if old is None or (relabels and not old.hashed_labelsets):
-            old_table = label_table(previous.labels)
-            old = scan_table(old_table, old_separator, labelsets=relabels)
-
-        def old_names(numbers: list[int]) -> list[str]:  # (the previous labels.csv is read only if it must be)
-            return names_at(old_table if old_table is not None else file_names(previous.labels))(numbers)
-
-        facts.old, facts.diff = old, diff_versions(scan, names_at(table), old, old_names)
+        old_table = label_table(previous.labels, list(REQUIRED))  # (its labels.csv as published: no scan is kept)
+        old = scan_table(old_table, old_separator, labelsets=relabels)
+        facts.old, facts.diff = old, diff_versions(scan, names_at(table), old, names_at(old_table))
     return facts
 
 
 def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterable[dict[str, str]]],
                rejects: Callable[[], Iterable[dict[str, str]]],
                previous: PreviousVersion | None,
-               fetch_image: Callable[[dict[str, str]], bytes | None], labels_sha256: str = "",
+               fetch_image: Callable[[dict[str, str]], bytes | None],
                near_rows: Callable[[], Iterable[dict[str, str]]] | None = None,
                previous_strip: Callable[[str, list[str]], bytes | None] = lambda _path, _key: None,
                facts: LabelFacts | None = None, uri: str = "") -> dict[str, bytes]:
@@ -540,6 +532,6 @@ def build_card(manifest: Manifest | dict[str, Any], labels: Callable[[], Iterabl
     title = f"Dataset card: {manifest.dataset} {manifest.version}"
     blocks: list[Block] = [Heading(title, 1), *card.blocks]
     return {"card.md": render_md(blocks).encode(), "card.html": render_html(blocks, title, card.pngs).encode(),
-            **dict(sorted(card.pngs.items())), SCAN_FILE: scan.dump(labels_sha256),
+            **dict(sorted(card.pngs.items())),
             STRIPS_FILE: json.dumps({"image": manifest.raw.get("image"), "strips": card.strip_keys},
                                     sort_keys=True, separators=(",", ":")).encode()}

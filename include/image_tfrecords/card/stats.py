@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -78,9 +77,7 @@ def _first(item: tuple[Any, Any]) -> Any:
     return item[0]
 
 
-SCAN_FILE = "card/labels-scan.bin"  # a version's LabelScan, so that the next version's card need not scan again
 STRIPS_FILE = "card/strips.json"  # each thumbnail strip's candidates, so that the next card can take it over
-_SCAN_FORMAT = 1
 
 
 @dataclass
@@ -100,35 +97,6 @@ class LabelScan:
     contents: bytearray = field(default_factory=bytearray)  # 8-byte hash of each (filename, sha256)
     labelsets: bytearray = field(default_factory=bytearray)  # 8-byte hash of each (filename, class names)
     hashed_labelsets: bool = False
-
-    def dump(self, labels_sha256: str) -> bytes:
-        """This scan (of the labels.csv whose SHA-256 is ``labels_sha256``) as bytes: a JSON line, then the
-        row hashes. Deterministic: the same scan gives the same bytes."""
-        header = {"format": _SCAN_FORMAT, "labels_sha256": labels_sha256, "rows": len(self.names) // 8,
-                  "counts": sorted([name, split, n] for (name, split), n in self.counts.items()),
-                  "records": sorted(self.records.items()), "ids": sorted(self.ids.items()),
-                  "sizes": sorted([size, split, n] for (size, split), n in self.sizes.items()),
-                  "labelsets": self.hashed_labelsets}
-        return (json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + bytes(self.names)
-                + bytes(self.contents) + bytes(self.labelsets))
-
-    @classmethod
-    def load(cls, data: bytes, labels_sha256: str) -> LabelScan | None:
-        """The scan ``dump`` wrote, if it is of the labels.csv whose SHA-256 is ``labels_sha256`` (else None)."""
-        try:
-            line, _, body = data.partition(b"\n")
-            header = json.loads(line)
-            rows = int(header["rows"])
-            if header.get("format") != _SCAN_FORMAT or header.get("labels_sha256") != labels_sha256 or \
-                    not labels_sha256 or len(body) != 8 * rows * (3 if header["labelsets"] else 2):
-                return None
-            return cls(counts=Counter({(name, split): n for name, split, n in header["counts"]}),
-                       records=Counter(dict(header["records"])), ids=dict(header["ids"]),
-                       sizes=Counter({(size, split): n for size, split, n in header["sizes"]}),
-                       names=bytearray(body[:8 * rows]), contents=bytearray(body[8 * rows:16 * rows]),
-                       labelsets=bytearray(body[16 * rows:]), hashed_labelsets=bool(header["labelsets"]))
-        except (ValueError, KeyError, TypeError):
-            return None
 
     def classes(self) -> set[str]:
         return {name for name, _ in self.counts}

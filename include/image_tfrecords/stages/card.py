@@ -36,12 +36,8 @@ class _Rows:
     def __init__(self, storage: Storage, uri: str) -> None:
         self._storage, self._uri = storage, uri
 
-    def table(self) -> pl.DataFrame:
-        return read_table(self._storage, self._uri)
-
-    def names(self) -> pl.DataFrame:
-        """Its ``filename`` column alone (several times faster to read than the table), as ``table()`` reads it."""
-        return read_table(self._storage, self._uri, columns=["filename"])
+    def table(self, columns: list[str] | None = None) -> pl.DataFrame:
+        return read_table(self._storage, self._uri, columns=columns)
 
     def __call__(self) -> Iterator[dict[str, str]]:
         return self.table().fill_null("").iter_rows(named=True)
@@ -91,9 +87,9 @@ def card_stage(cfg: BuildConfig, storage: Storage, facts: LabelFacts | None = No
             return None
 
     files = build_card(manifest, _rows(storage, staged(cfg, LABELS)), _rows(storage, staged(cfg, REJECTS)),
-                       previous, fetch_image, labels_sha256=storage.sha256_of(staged(cfg, LABELS)) or "",
-                       near_rows=_near_rows(cfg, storage), previous_strip=_previous_strips(cfg, storage, manifest),
-                       facts=facts, uri=join(cfg.dataset_uri, cfg.version))
+                       previous, fetch_image, near_rows=_near_rows(cfg, storage),
+                       previous_strip=_previous_strips(cfg, storage, manifest), facts=facts,
+                       uri=join(cfg.dataset_uri, cfg.version))
     for name in sorted(files):
         storage.write_bytes(staged(cfg, CARD, name), files[name])
     write_json(storage, staged(cfg, CARD_INDEX), sorted(files))
@@ -129,7 +125,6 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
     """The previous version for the card's diff; None (a card without one, said in the log) when there is
     none or its manifest or labels.csv is missing or damaged: a damaged base never stops a build."""
     from ..card.sections import PreviousVersion
-    from ..card.stats import SCAN_FILE, LabelScan
 
     if not version:
         return None
@@ -146,7 +141,4 @@ def _previous(cfg: BuildConfig, storage: Storage, version: str | None) -> Any:
         log.warning("the card has no changes since version %s: %s", version,
                     f"{exc} is missing" if isinstance(exc, FileNotFoundError) else exc)
         return None
-    scan = None  # the scan its card saved, when it is of its labels.csv as it is now
-    with contextlib.suppress(FileNotFoundError):
-        scan = LabelScan.load(storage.read_bytes(join(earlier, SCAN_FILE)), labels_sha)
-    return PreviousVersion(manifest, _rows(storage, labels), scan)
+    return PreviousVersion(manifest, _rows(storage, labels))
