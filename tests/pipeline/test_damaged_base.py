@@ -235,7 +235,8 @@ def test_a_damaged_manifest_never_stops_a_full_build(tmp_path: Path, capsys: pyt
 
 # -- 3, 4. a base that lost its labels.csv, inspected.csv or a shard --------------------------------------
 @pytest.mark.parametrize("lost", ["labels.csv", "inspected.csv", "a rewritten shard", "a reused shard's index",
-                                  "an edited labels.csv", "a labels.csv of other columns", "a ragged inspected.csv",
+                                  "an edited labels.csv", "a labels.csv of other columns", "an edited inspected.csv",
+                                  "a ragged inspected.csv",
                                   "an inspected.csv listing a file twice"])
 def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tuple[Storage, str, str | None],  # noqa: F811
                                                            tmp_path: Path) -> None:
@@ -266,12 +267,18 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
         manifest = json.loads(storage.read_bytes(join(v1, "manifest.json")))
         manifest["labels_sha256"] = hashlib.sha256(out.getvalue().encode()).hexdigest()
         storage.write_bytes(join(v1, "manifest.json"), json.dumps(manifest).encode())
+    elif lost == "an edited inspected.csv":  # one image's size changed: not the table its manifest names
+        lines = storage.read_text(join(v1, "inspected.csv")).splitlines(keepends=True)
+        lines[1] = lines[1].replace(",", ",9", 1)  # (its num_bytes, a size no file has: a row taken over otherwise)
+        storage.write_bytes(join(v1, "inspected.csv"), "".join(lines).encode())
     elif lost == "a ragged inspected.csv":  # a row with a field too many: not a table this package wrote
         text = storage.read_text(join(v1, "inspected.csv"))
         storage.write_bytes(join(v1, "inspected.csv"), (text + "x.jpg,1,2,extra" + ",x" * 20 + "\n").encode())
+        unvouched(storage, v1)
     elif lost == "an inspected.csv listing a file twice":  # its last row again: which one would hold?
         lines = storage.read_text(join(v1, "inspected.csv")).splitlines(keepends=True)
         storage.write_bytes(join(v1, "inspected.csv"), "".join([*lines, lines[-1]]).encode())
+        unvouched(storage, v1)
     elif lost == "a rewritten shard":
         storage.delete(join(v1, labels[victim]["shard"]))
     else:
@@ -284,6 +291,11 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
         assert v2.build["mode"] == "incremental"
         assert v2.build["inspections_reused"] == 0 and v2.build["files_inspected"] == len(source.files())
         assert v2.build["inspections_not_reused_because"] == "version v1 is damaged: its inspected.csv is missing"
+    elif lost == "an edited inspected.csv":
+        assert v2.build["mode"] == "incremental"
+        assert v2.build["inspections_reused"] == 0 and v2.build["files_inspected"] == len(source.files())
+        assert v2.build["inspections_not_reused_because"].startswith("version v1 is damaged: ")
+        assert v2.build["inspections_not_reused_because"].endswith("inspected.csv is not the one version v1 published")
     elif lost == "a ragged inspected.csv":
         assert v2.build["mode"] == "incremental"
         assert v2.build["inspections_reused"] == 0 and v2.build["files_inspected"] == len(source.files())
@@ -304,6 +316,14 @@ def test_a_base_missing_a_file_gives_a_full_or_fresh_build(lost: str, where: tup
         assert v2.build["mode"] == "full"
         assert v2.build["full_because"].startswith("version v1 is damaged: ")
         assert "is missing" in v2.build["full_because"]
+
+
+def unvouched(storage: Storage, version: str) -> None:
+    """Leave ``inspected_sha256`` out of a version's manifest, as releases up to 0.7.4 did: its inspected.csv is
+    then checked by reading every column (a ragged row, a file listed twice)."""
+    manifest = json.loads(storage.read_bytes(join(version, "manifest.json")))
+    del manifest["inspected_sha256"]
+    storage.write_bytes(join(version, "manifest.json"), json.dumps(manifest).encode())
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])

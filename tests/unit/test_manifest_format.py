@@ -3,6 +3,7 @@ old manifests read with the meaning of their missing fields, and a damaged one i
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -35,12 +36,15 @@ def test_a_build_writes_what_the_parser_reads(sample_dir: Path, tmp_path: Path) 
     assert manifest.num_records == sum(s.num_records for s in manifest.splits.values()) == 60
     assert manifest.num_bytes == sum((tmp_path / "d" / "v1" / f).stat().st_size for f in manifest.shard_files)
     assert manifest.build["mode"] == "full" and manifest.labels_sha256 and manifest.features
+    inspected = (tmp_path / "d" / "v1" / "inspected.csv").read_bytes()
+    assert manifest.inspected_sha256 == hashlib.sha256(inspected).hexdigest()
     assert manifest["classes"] == raw["classes"]  # the JSON as read, for code that reads keys
 
 
 def test_an_old_manifest_reads_with_the_meaning_of_its_missing_fields() -> None:
     manifest = Manifest.parse(OLD)
     assert manifest.format_version is None and manifest.build == {} and manifest.labels_sha256 is None
+    assert manifest.inspected_sha256 is None
     assert manifest.image is None and manifest.image_options == ImageOptions().describe()  # stored as read
     assert manifest.features is None and manifest.columns == {}
     assert manifest.label_separator is None and manifest.separator == "|"

@@ -74,6 +74,7 @@ class Manifest(Mapping[str, Any]):
     label_separator: str | None = None  # None: not recorded (made before multi-label: ``separator``)
     columns: Mapping[str, str] = field(default_factory=dict)
     labels_sha256: str | None = None  # None: not recorded (made before 0.5.0)
+    inspected_sha256: str | None = None  # None: not recorded (0.7.4 and before)
     build: Mapping[str, Any] = field(default_factory=dict)  # empty: made before 0.3.0
     params: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -136,7 +137,7 @@ class Manifest(Mapping[str, Any]):
 
 _OPTIONAL = ("compression", "num_rejected", "num_skipped", "skipped_by_kind", "rejects_by_reason", "previous_version",
              "source", "source_fingerprint", "as_of", "features", "image", "multi_label", "label_separator",
-             "columns", "labels_sha256", "build", "params")
+             "columns", "labels_sha256", "inspected_sha256", "build", "params")
 
 
 def _images_as_read() -> dict[str, Any]:

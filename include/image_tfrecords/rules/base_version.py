@@ -31,7 +31,7 @@ from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..storage import Storage, join
-from ..storage.tables import polars, read_table, row_ends, table_lines
+from ..storage.tables import polars, read_table, row_ends, table_lines, table_text
 
 if TYPE_CHECKING:
     import polars as pl
@@ -156,17 +156,23 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> t
     the row begins and ends in the base's inspected.csv (``begin``, ``end``: byte offsets), in listing order; and
     that table's SHA-256. A file without a stamp (nothing proves it unchanged) and a ``RETRIED_REASONS`` reject
     (its inspection said nothing of its content) take nothing over; nor does a base inspected.csv of other columns.
-    A base inspected.csv that lists a file twice, or that this package did not write, is damaged (``BuildError``).
-    Each row's place comes from ``row_ends``."""
+    A base inspected.csv that lists a file twice, that this package did not write, or that is not the one its
+    manifest's ``inspected_sha256`` names, is damaged (``BuildError``). Of a table its manifest vouches for, the
+    columns compared are read alone; each row's place comes from ``row_ends``."""
     pl = polars()
 
     uri = join(base.uri, layout.INSPECTED)
     data = storage.read_bytes(uri)
-    known = read_table(storage, uri, data)  # (every column: a ragged row is found here, and is damage)
+    sha256 = hashlib.sha256(data).hexdigest()
     key = ["filename", "num_bytes", "stamp"]
-    if tuple(known.columns) != INSPECTION_FIELDS:  # not this release's columns: read nothing of it
+    if (want := base.manifest.inspected_sha256) and sha256 != want:
+        raise BuildError(f"{uri} is not the one version {base.version} published")
+    ours = data.startswith(table_text(pl.DataFrame(schema=dict.fromkeys(INSPECTION_FIELDS, pl.String))))
+    known = read_table(storage, uri, data, columns=[*key, "reason", "detail"] if want and ours else None)
+    # (a table its manifest vouches for: the columns compared alone; else every column, where a ragged row shows)
+    if not ours:
         known = pl.DataFrame(schema={**dict.fromkeys(INSPECTION_FIELDS, pl.String), "begin": pl.Int64,
-                                     "end": pl.Int64})
+                                     "end": pl.Int64})  # not this release's columns: read nothing of it
     else:
         ends = row_ends(data)  # (the header's end first)
         if len(ends) != known.height + 1 or ends[-1] != len(data):
@@ -179,7 +185,7 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> t
     # (in listing order, the number's; joined on the name and then compared: cheaper than a join on all three)
     if (twice := carried.filter(pl.col("number").is_duplicated())).height:
         raise BuildError(f"{uri} lists {twice['filename'][0]!r} twice")
-    return carried.select("number", "reason", "detail", "begin", "end"), hashlib.sha256(data).hexdigest()
+    return carried.select("number", "reason", "detail", "begin", "end"), sha256
 
 
 def base_records(storage: Storage, base: Base, labels: bytes) -> tuple[pl.DataFrame, list[str]]:

@@ -23,6 +23,7 @@ from ..staging import (
     CHECKED,
     DISCOVER_SUMMARY,
     INSPECT_SUMMARY,
+    INSPECTED,
     LABELS,
     MANIFEST,
     MEMBERS,
@@ -181,6 +182,7 @@ def validate_stage(cfg: BuildConfig, storage: Storage, progress: Progress = no_p
         "image": cfg.image_options.describe(), "multi_label": bool(summary.get("multi_label")),
         "label_separator": cfg.label_separator, "columns": dict(cfg.columns),
         "labels_sha256": storage.sha256_of(staged(cfg, LABELS)),  # the next night trusts its places only so
+        "inspected_sha256": storage.sha256_of(staged(cfg, INSPECTED)),  # and the inspections it takes over
         "build": _build_facts(plan, read_json(storage, staged(cfg, INSPECT_SUMMARY)), checked,
                               read_json(storage, staged(cfg, DISCOVER_SUMMARY)).get("damaged_versions", []))
         | {"near_duplicates": summary.get("near_duplicates", {}), "quality_flags": summary.get("quality_flags", {})},
