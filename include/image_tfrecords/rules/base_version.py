@@ -31,7 +31,7 @@ from ..published import layout
 from ..published.manifest import Manifest
 from ..records.schema import RecordSchema
 from ..storage import Storage, join
-from ..storage.tables import polars, read_table, row_ends, table_lines, table_text
+from ..storage.tables import header_line, polars, read_table, row_ends, table_lines
 
 if TYPE_CHECKING:
     import polars as pl
@@ -167,7 +167,7 @@ def carried_inspections(storage: Storage, base: Base, listed: pl.DataFrame) -> t
     key = ["filename", "num_bytes", "stamp"]
     if (want := base.manifest.inspected_sha256) and sha256 != want:
         raise BuildError(f"{uri} is not the one version {base.version} published")
-    ours = data.startswith(table_text(pl.DataFrame(schema=dict.fromkeys(INSPECTION_FIELDS, pl.String))))
+    ours = data.startswith(header_line(INSPECTION_FIELDS))
     known = read_table(storage, uri, data, columns=[*key, "reason", "detail"] if want and ours else None)
     # (a table its manifest vouches for: the columns compared alone; else every column, where a ragged row shows)
     if not ours:

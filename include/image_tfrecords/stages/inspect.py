@@ -63,7 +63,7 @@ from ..staging import (
 )
 from ..storage import Storage, join
 from ..storage.documents import RowWriter, read_json, read_rows, write_json
-from ..storage.tables import polars, read_table, table_rows, table_text, write_table
+from ..storage.tables import header_line, polars, read_table, table_rows, write_table
 
 if TYPE_CHECKING:
     import polars as pl
@@ -301,7 +301,7 @@ def gather_inspection(cfg: BuildConfig, storage: Storage) -> dict[str, Any]:
         base_table = storage.read_bytes(uri)
         if hashlib.sha256(base_table).hexdigest() != plan["base_inspected_sha256"]:  # (a published one never changes)
             raise BuildError(f"{uri} is not the table this build's inspection was planned on")
-    header = table_text(rows.clear().select(INSPECTION_FIELDS))
+    header = header_line(INSPECTION_FIELDS)
     text, begins, ends = table_rows(rows.select(INSPECTION_FIELDS))
     listed = plan["files_listed"]
     merged = _merged(listed, [(base_table, *(carried[name].to_numpy() for name in CARRIED_FIELDS[:3])),

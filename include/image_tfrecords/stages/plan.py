@@ -43,7 +43,7 @@ from ..rules.splits import unit_points
 from ..staging import LABELS, MAX_MAP_LENGTH, MEMBERS, PLAN, RECORDS, SPLIT_SUMMARY, staged
 from ..storage import Storage
 from ..storage.documents import csv_writer, read_json, write_json
-from ..storage.tables import lines_text, polars, read_table, table_lines, table_text
+from ..storage.tables import header_line, lines_text, polars, read_table, table_lines
 
 if TYPE_CHECKING:
     import polars as pl
@@ -131,7 +131,7 @@ def _records(cfg: BuildConfig, storage: Storage, splits: list[str], known: pl.Da
     uri, fields = staged(cfg, RECORDS), record_fields(cfg)
     data = storage.read_bytes(uri)
     header, lines = table_lines(uri, data)
-    if header != table_text(pl.DataFrame(schema=dict.fromkeys(fields, pl.String))):
+    if header != header_line(fields):
         raise BuildError(f"{uri} has the header {header!r}, expected the columns {fields}")
     table = read_table(storage, uri, data, columns=["sha256", "split", "format", "width", "height", "channels",
                                                      "encoded_bytes"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import io
 import signal
+from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,13 @@ def table_text(frame: pl.DataFrame, header: bool = True) -> bytes:
     out = io.BytesIO()  # (bytes written straight: no str made and encoded)
     frame.write_csv(out, include_header=header, quote_style="necessary", line_terminator="\n")
     return out.getvalue()
+
+
+def header_line(columns: Iterable[str]) -> bytes:
+    """The header line ``table_text`` writes for a table of ``columns``."""
+    pl = polars()
+
+    return table_text(pl.DataFrame(schema=dict.fromkeys(columns, pl.String)))
 
 
 def table_rows(frame: pl.DataFrame) -> tuple[bytes, Any, Any]:
